@@ -1,0 +1,37 @@
+"""Glue between Invoke and aerie: a `task` decorator that turns user mistakes into one line."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import invoke
+from invoke import Context, Exit
+from rich.console import Console
+
+from local.errors import AerieError
+
+
+def task(*args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], invoke.Task]:
+    """`invoke.task`, but an `AerieError` ends the run as `aerie: message` with exit code 2."""
+
+    def decorate(body: Callable[..., Any]) -> invoke.Task:
+        @functools.wraps(body)
+        def run(c: Context, *a: Any, **kw: Any) -> Any:
+            try:
+                return body(c, *a, **kw)
+            except AerieError as exc:
+                raise Exit(f"aerie: {exc}", code=2) from None
+
+        return invoke.task(*args, **kwargs)(run)
+
+    return decorate
+
+
+def inventory_name(c: Context, given: str | None) -> str:
+    """`-i NAME|PATH`, else Invoke's config key `inventory` (so INVOKE_INVENTORY=gpu works)."""
+    return given or c.config.get("inventory") or "local"
+
+
+def console() -> Console:
+    return Console(highlight=False, soft_wrap=True)

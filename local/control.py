@@ -1,0 +1,149 @@
+"""What the control-plane tasks do; `tasks.py` only parses flags and calls these."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.live import Live
+
+from local import deploy as deploying
+from local import jobs, status_view, trust as trusting
+from local.errors import AerieError
+from local.host import RemoteHost
+from local.inventory import Inventory, load
+from local.transport import SshTransport
+from remote.states import BAD
+
+
+@contextmanager
+def session(name: str) -> Iterator[RemoteHost]:
+    """The inventory's host, with its one connection closed at the end."""
+    host = RemoteHost(load(name))
+    try:
+        yield host
+    finally:
+        host.close()
+
+
+def split(names: str | None) -> list[str] | None:
+    """`A1,B5` (or repeated flags joined by Invoke) as a list; None for all."""
+    return [n for n in names.replace(" ", ",").split(",") if n] if names else None
+
+
+def deploy(host: RemoteHost, console: Console, dry_run: bool = False, checks: tuple = ()) -> str | None:
+    deploying.check_sources()
+    for check in checks:
+        check(host.inventory, console)
+    plan = deploying.plan(host, deploying.manifest())
+    where = f"{host.name}:{host.root}"
+    if plan.is_noop:
+        console.print(f"Nothing to deploy: {where} runs release {plan.base}, identical to this checkout.")
+        return plan.base
+    for label, paths, style in (("add", plan.added, "green"), ("change", plan.changed, "yellow"), ("remove", plan.removed, "red")):
+        for path in paths:
+            console.print(f"  [{style}]{label:<6}[/] {path}")
+    summary = f"{len(plan.added)} added, {len(plan.changed)} changed, {len(plan.removed)} removed"
+    if dry_run:
+        console.print(f"Dry run: would deploy {summary} to {where} (now {plan.base or 'nothing'}).")
+        return None
+    release = deploying.push(host, plan)
+    console.print(f"Deployed release {release} to {where}: {summary}.")
+    return release
+
+
+def launch(host: RemoteHost, console: Console, stage: str, datasets: list[str] | None) -> list[dict[str, Any]]:
+    results = host.call("launch", specs=jobs.specs(host.inventory, stage, datasets))
+    report(console, results, "launched")
+    return results
+
+
+def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages: list[str] | None) -> list[dict[str, Any]]:
+    inventory = host.inventory
+    if datasets:
+        inventory.select(datasets)  # an unknown name is an error before anything runs
+    for stage in stages or []:
+        inventory.stage(stage)
+    results = host.call(
+        "rerun", specs=jobs.all_specs(inventory), states=sorted(s.value for s in BAD),
+        datasets=datasets, stages=stages,
+    )
+    relaunched = [r for r in results if r["launched"]]
+    report(console, relaunched, "relaunched")
+    if not relaunched:
+        console.print("Nothing to rerun: no job is failed, died, empty or stalled.")
+    return relaunched
+
+
+def report(console: Console, results: list[dict[str, Any]], verb: str) -> None:
+    for result in results:
+        job = f"{result['dataset']}/{result['stage']}"
+        if result["launched"]:
+            console.print(f"{verb} {job} (pid {result['pid']})")
+        else:
+            console.print(f"[yellow]skipped {job}: {result['reason']}[/]")
+
+
+def status(host: RemoteHost, console: Console, as_json: bool = False, watch: float = 0) -> dict[str, Any]:
+    if watch:
+        return _watch(host, console, watch)
+    state = host.call("status")
+    if as_json:
+        print(json.dumps(status_view.as_json(state), indent=2))
+    else:
+        console.print(status_view.render(state, title=f"{host.name}:{host.root}"))
+    return state
+
+
+def _watch(host: RemoteHost, console: Console, interval: float) -> dict[str, Any]:
+    state = host.call("status")
+    with Live(status_view.render(state), console=console, auto_refresh=False) as live:
+        try:
+            while True:
+                time.sleep(interval)
+                state = host.call("status")
+                live.update(status_view.render(state, title=f"{host.name}:{host.root}"), refresh=True)
+        except KeyboardInterrupt:
+            pass
+    return state
+
+
+def logs(host: RemoteHost, dataset: str, stage: str | None, lines: int, follow: bool) -> None:
+    host.inventory.select([dataset])
+    host.stream("logs", sys.stdout.buffer, dataset=dataset, stage=stage, lines=lines, follow=follow)
+
+
+def stop(host: RemoteHost, console: Console, datasets: list[str] | None, stages: list[str] | None) -> None:
+    results = host.call("stop", datasets=datasets, stages=stages)
+    stopped = [r for r in results if r["stopped"]]
+    for result in stopped:
+        console.print(f"stopped {result['dataset']}/{result['stage']}")
+    if not stopped:
+        console.print("Nothing to stop: no matching job is running.")
+
+
+def trust(inventory: Inventory, console: Console, expect: str | None, yes: bool) -> None:
+    if inventory.backend != "ssh":
+        raise AerieError(f"{inventory.path}: backend is {inventory.backend}; only ssh hosts have keys to trust")
+    transport = SshTransport(inventory.host)
+    name, key = trusting.scan(transport)
+    console.print(f"{name} presents {key.get_name()} {key.fingerprint}")
+    if trusting.is_known(transport.known_hosts, name, key):
+        console.print(f"Already trusted in {transport.known_hosts}.")
+        return
+    if expect and expect != key.fingerprint:
+        raise AerieError(f"{name}: fingerprint is {key.fingerprint}, not the expected {expect}: not trusted")
+    if not (expect or yes or _confirm(console, f"Trust this key for {name}? Compare it with the host's own `ssh-keygen -lf`.")):
+        raise AerieError(f"{name}: not trusted; nothing was written")
+    trusting.add(transport.known_hosts, name, key)
+    console.print(f"Added {name} to {transport.known_hosts}.")
+
+
+def _confirm(console: Console, question: str) -> bool:
+    if not sys.stdin.isatty():
+        raise AerieError("no terminal to confirm on: pass --fingerprint SHA256:... (from the host's admin) or --yes")
+    return console.input(f"{question} [y/N] ").strip().lower() in ("y", "yes")

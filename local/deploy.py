@@ -1,0 +1,98 @@
+"""`inv deploy`: check here, then send only what changed, in one stream, and switch atomically.
+
+Round trips: one to read the host's current manifest, one to send the changed
+files as a gzip tar on stdin; the host assembles the release beside the old
+one and switches `current` by rename (remote/release.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from local.errors import AerieError
+from local.host import RemoteHost
+from local.inventory import REPO
+
+#: What a release holds: the host-side code and the sample data the `local` inventory reads.
+SHIPPED = ("remote", "inventories/samples")
+SKIPPED_PARTS = {"__pycache__", ".pytest_cache"}
+
+
+def manifest(repo: Path = REPO) -> dict[str, str]:
+    """Every shipped file, by path relative to the checkout, with its sha256."""
+    files = {}
+    for top in SHIPPED:
+        for path in sorted((repo / top).rglob("*")):
+            relative = path.relative_to(repo)
+            if path.is_file() and not SKIPPED_PARTS & set(relative.parts) and path.suffix != ".pyc":
+                files[relative.as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return files
+
+
+def check_sources(repo: Path = REPO) -> None:
+    """Byte-compile everything under remote/ in memory: a syntax error stops the deploy here."""
+    problems = []
+    for path in sorted((repo / "remote").rglob("*.py")):
+        try:
+            compile(path.read_bytes(), str(path.relative_to(repo)), "exec")
+        except SyntaxError as exc:
+            problems.append(f"{exc.filename}:{exc.lineno}: {exc.msg}")
+    if problems:
+        raise AerieError("remote/ does not compile, nothing was sent: " + "; ".join(problems))
+
+
+@dataclass
+class Plan:
+    """What a deploy would change on the host."""
+
+    base: str | None
+    files: dict[str, str]
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+    @property
+    def is_noop(self) -> bool:
+        return not (self.added or self.changed or self.removed)
+
+    @property
+    def send(self) -> list[str]:
+        return self.added + self.changed
+
+    @property
+    def release_id(self) -> str:
+        digest = hashlib.sha256(json.dumps(self.files, sort_keys=True).encode()).hexdigest()[:8]
+        return f"{time.strftime('%Y%m%d-%H%M%S')}-{digest}"
+
+
+def plan(host: RemoteHost, files: dict[str, str]) -> Plan:
+    current = host.release("manifest")
+    theirs = current.get("files", {})
+    return Plan(
+        base=current.get("id"),
+        files=files,
+        added=sorted(set(files) - set(theirs)),
+        changed=sorted(p for p in files if p in theirs and theirs[p] != files[p]),
+        removed=sorted(set(theirs) - set(files)),
+    )
+
+
+def pack(paths: list[str], repo: Path = REPO) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as archive:
+        for path in paths:
+            archive.add(repo / path, arcname=path, recursive=False)
+    return buffer.getvalue()
+
+
+def push(host: RemoteHost, plan: Plan, repo: Path = REPO) -> str:
+    """Send the changed files and switch; returns the new release id."""
+    args = {"id": plan.release_id, "files": plan.files, "send": plan.send}
+    answer = host.release("apply", stdin=json.dumps(args).encode() + b"\n" + pack(plan.send, repo))
+    return answer["id"]

@@ -1,0 +1,5 @@
+"""The one exception a user can cause; tasks turn it into a one-line `Exit`."""
+
+
+class AerieError(Exception):
+    """A mistake the user can fix: the message names what is wrong and how to fix it."""

@@ -1,0 +1,74 @@
+"""The host as the workstation sees it: `remote`'s command line, answered in JSON."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any, BinaryIO
+
+from local.errors import AerieError
+from local.inventory import REPO, Inventory
+from local.transport import Result, Transport, open_transport
+from remote.wire import decode
+
+NOT_DEPLOYED = 90  # the exit code of the guard in front of every job command
+RELEASE_AGENT = (REPO / "remote" / "release.py").read_text()
+
+
+class RemoteHost:
+    """Runs `python -m remote VERB` from the host's current release, one command per call."""
+
+    def __init__(self, inventory: Inventory, transport: Transport | None = None) -> None:
+        self.inventory = inventory
+        self.root = inventory.host.root
+        self.python = inventory.host.python
+        self.transport = transport or open_transport(inventory)
+
+    @property
+    def name(self) -> str:
+        return self.inventory.host.address or "localhost"
+
+    def command(self, verb: str, args: dict[str, Any]) -> str:
+        current = shlex.quote(f"{self.root}/current")
+        payload = shlex.quote(json.dumps({"root": self.root, **args}))
+        return (f"[ -d {current} ] || exit {NOT_DEPLOYED}; cd {current} && "
+                f"PYTHONPATH=. exec {self.python} -m remote {verb} {payload}")
+
+    def call(self, verb: str, **args: Any) -> Any:
+        """One remote command; its payload, or an `AerieError` with the host's reason."""
+        return self._answer(self.transport.run(self.command(verb, args)), verb)
+
+    def stream(self, verb: str, out: BinaryIO, **args: Any) -> None:
+        """A command whose stdout is text for the user (`logs`)."""
+        result = self.transport.run(self.command(verb, args), stream=out)
+        if not result.ok:
+            self._refuse(result, verb)
+
+    def release(self, verb: str, *args: str, stdin: bytes | None = None) -> Any:
+        """The deploy agent, sent as source so that it runs where nothing is deployed yet."""
+        argv = " ".join(shlex.quote(a) for a in (verb, self.root, *args))
+        command = f"{self.python} -c {shlex.quote(RELEASE_AGENT)} {argv}"
+        return self._answer(self.transport.run(command, stdin=stdin), f"deploy {verb}")
+
+    def is_deployed(self) -> bool:
+        return self.transport.run(f"[ -d {shlex.quote(self.root + '/current')} ]").ok
+
+    def _answer(self, result: Result, what: str) -> Any:
+        try:
+            payload = decode(result.stdout)
+        except ValueError:
+            self._refuse(result, what)
+        if isinstance(payload, dict) and "error" in payload:
+            raise AerieError(f"{self.name}: {payload['error']}")
+        return payload
+
+    def _refuse(self, result: Result, what: str) -> None:
+        if result.exit_code == NOT_DEPLOYED:
+            raise AerieError(f"nothing is deployed to {self.name}:{self.root} yet: run `inv deploy` first")
+        if result.exit_code == 2 and result.stderr.strip():
+            raise AerieError(f"{self.name}: {result.stderr.strip().splitlines()[-1]}")
+        detail = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()[-1]
+        raise AerieError(f"{self.name}: `{what}` failed (exit {result.exit_code}): {detail}")
+
+    def close(self) -> None:
+        self.transport.close()

@@ -1,0 +1,43 @@
+"""Job specs: what the host needs to run one stage of one dataset, built from the inventory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from local.inventory import Inventory, Stages
+
+
+def spec(inventory: Inventory, dataset: str, stage: str) -> dict[str, Any]:
+    settings = inventory.stage(stage)
+    entry = inventory.datasets[dataset]
+    return {
+        "dataset": dataset,
+        "stage": stage,
+        "command": settings.command,  # None: the host's default for the stage
+        "source": entry.source,
+        "kind": entry.kind,
+        "stall_after": settings.stall_after,
+        "config": {
+            "dataset": entry.model_dump(),
+            "stage": settings.model_dump(exclude={"command", "stall_after"}),
+            "inventory": {"target": _on_host(inventory.target.model_dump(), inventory.host.root)},
+        },
+    }
+
+
+def specs(inventory: Inventory, stage: str, datasets: list[str] | None) -> list[dict[str, Any]]:
+    return [spec(inventory, name, stage) for name in inventory.select(datasets)]
+
+
+def all_specs(inventory: Inventory) -> dict[str, dict[str, Any]]:
+    """Every (dataset, stage) spec, keyed as the host names job directories, for `rerun`."""
+    return {
+        f"{name}/{stage}": spec(inventory, name, stage)
+        for name in inventory.datasets
+        for stage in Stages.model_fields
+    }
+
+
+def _on_host(settings: dict[str, Any], root: str) -> dict[str, Any]:
+    """`{root}` in a path setting means the host's root (e.g. assets built there by `inv demo`)."""
+    return {k: v.replace("{root}", root) if isinstance(v, str) else v for k, v in settings.items()}

@@ -1,0 +1,197 @@
+"""How commands reach the host: a subprocess here, or one SSH connection there.
+
+Both backends run a shell command line, feed it bytes on stdin and hand back
+its exit code and output; `stream` copies stdout as it arrives (`inv logs -f`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+import paramiko
+from fabric import Config, Connection
+
+from local.errors import AerieError
+from local.inventory import Host, Inventory
+
+#: Set by the test suite: refuse any SSH address that is not loopback.
+LOOPBACK_ONLY_ENV = "AERIE_TEST_ONLY_LOOPBACK"
+
+
+@dataclass(frozen=True)
+class Result:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class Transport(Protocol):
+    name: str
+
+    def run(self, command: str, stdin: bytes | None = None, stream: BinaryIO | None = None) -> Result: ...
+
+    def close(self) -> None: ...
+
+
+class LocalTransport:
+    """The `local` backend: this machine, no SSH."""
+
+    name = "localhost"
+
+    def run(self, command: str, stdin: bytes | None = None, stream: BinaryIO | None = None) -> Result:
+        if stream is None:
+            done = subprocess.run(["/bin/sh", "-c", command], input=stdin or b"", capture_output=True)
+            return Result(done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace"))
+        process = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert process.stdout is not None and process.stderr is not None
+        for chunk in iter(lambda: process.stdout.read1(65536), b""):  # type: ignore[union-attr]
+            stream.write(chunk)
+            stream.flush()
+        return Result(process.wait(), "", process.stderr.read().decode(errors="replace"))
+
+    def close(self) -> None:
+        pass
+
+
+class UnknownHostKey(paramiko.SSHException):
+    def __init__(self, hostname: str, key: paramiko.PKey) -> None:
+        super().__init__(hostname)
+        self.hostname, self.key = hostname, key
+
+
+class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
+    """No silent trust: an unknown key ends the connection, carrying the key for `inv trust`."""
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        raise UnknownHostKey(hostname, key)
+
+
+class SshTransport:
+    """The `ssh` backend: one Fabric connection per `inv` run, opened on first use."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.name = host.address or "?"
+        self._connection: Connection | None = None
+
+    @property
+    def known_hosts(self) -> Path:
+        return Path(self.host.known_hosts or "~/.ssh/known_hosts").expanduser()
+
+    def connection(self) -> Connection:
+        if self._connection is None:
+            self._connection = self._open()
+        return self._connection
+
+    def _fabric_config(self) -> Config:
+        ssh_config = self.host.ssh_config
+        if ssh_config == "none":
+            return Config(overrides={"load_ssh_configs": False})
+        return Config(runtime_ssh_path=str(Path(ssh_config).expanduser())) if ssh_config else Config()
+
+    def connection_unopened(self) -> Connection:
+        """A Connection with host, port and user resolved through ssh_config, not yet opened."""
+        assert self.host.address is not None
+        connection = Connection(
+            self.host.address,
+            user=self.host.user,
+            port=self.host.port,
+            config=self._fabric_config(),
+            connect_timeout=self.host.connect_timeout,
+            connect_kwargs={
+                "banner_timeout": self.host.connect_timeout,
+                "auth_timeout": self.host.connect_timeout,
+                **({"key_filename": [str(Path(self.host.identity).expanduser())]} if self.host.identity else {}),
+            },
+        )
+        _refuse_non_loopback(connection.host)
+        return connection
+
+    def _open(self) -> Connection:
+        connection = self.connection_unopened()
+        hop: Connection | None = connection
+        while isinstance(hop, Connection):  # ProxyJump hops check their keys too
+            hop.client.set_missing_host_key_policy(_RefuseUnknown())
+            if self.known_hosts.exists():
+                hop.client.load_host_keys(str(self.known_hosts))
+            hop = hop.gateway if isinstance(hop.gateway, Connection) else None
+        try:
+            connection.open()
+        except Exception as exc:  # paramiko and socket errors become one line
+            raise AerieError(self._explain(connection, exc)) from None
+        connection.transport.set_keepalive(self.host.keepalive)
+        return connection
+
+    def _explain(self, connection: Connection, exc: Exception) -> str:
+        where = f"{connection.user}@{connection.host}:{connection.port}"
+        if isinstance(exc, UnknownHostKey):
+            return (f"{where}: host key {exc.key.get_name()} {exc.key.fingerprint} is not in {self.known_hosts}: "
+                    f"check it with the host's admin, then run `inv trust` to add it")
+        if isinstance(exc, paramiko.BadHostKeyException):
+            return (f"{where}: host key CHANGED ({exc.key.fingerprint}, expected {exc.expected_key.fingerprint}): "
+                    f"if the host was rebuilt, remove its line from {self.known_hosts} and run `inv trust`")
+        if isinstance(exc, paramiko.AuthenticationException):
+            return f"{where}: authentication failed: check host.user and host.identity in the inventory"
+        if isinstance(exc, (socket.timeout, TimeoutError)):
+            return f"{where}: no answer within {self.host.connect_timeout:g}s: check host.address, host.port and the network"
+        if isinstance(exc, ConnectionRefusedError) or "Unable to connect" in str(exc):
+            return f"{where}: connection refused: is sshd running there and is host.port right?"
+        return f"{where}: cannot connect: {exc}"
+
+    def run(self, command: str, stdin: bytes | None = None, stream: BinaryIO | None = None) -> Result:
+        # A bare channel rather than Connection.run: binary stdin and no per-command overhead.
+        channel = self.connection().transport.open_session()
+        try:
+            channel.exec_command(command)
+            if stdin:
+                channel.sendall(stdin)
+            channel.shutdown_write()
+            stdout = _drain(channel, stream)
+            stderr = channel.makefile_stderr("rb").read()
+            return Result(channel.recv_exit_status(), stdout.decode(errors="replace"), stderr.decode(errors="replace"))
+        finally:
+            channel.close()
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+
+
+def _drain(channel: paramiko.Channel, stream: BinaryIO | None) -> bytes:
+    chunks = []
+    for chunk in iter(lambda: channel.recv(65536), b""):
+        if stream is None:
+            chunks.append(chunk)
+        else:
+            stream.write(chunk)
+            stream.flush()
+    return b"".join(chunks)
+
+
+def _refuse_non_loopback(address: str) -> None:
+    if not os.environ.get(LOOPBACK_ONLY_ENV):
+        return
+    resolved = socket.getaddrinfo(address, None)[0][4][0]
+    if not ipaddress.ip_address(resolved).is_loopback:
+        raise AerieError(f"refusing to connect to {address} ({resolved}): tests may reach loopback only")
+
+
+def open_transport(inventory: Inventory) -> Transport:
+    if inventory.backend == "local":
+        return LocalTransport()
+    return SshTransport(inventory.host)
+
+
+def stdout_stream() -> BinaryIO:
+    return sys.stdout.buffer

@@ -1,0 +1,117 @@
+"""The host's command line: ``python -m remote VERB 'JSON'``, one tagged JSON answer.
+
+Run from the current release by the workstation (over SSH or locally). Every
+verb takes one JSON object and prints one payload (`remote.wire`); a refusal is
+``{"error": "..."}`` with exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from remote import jobs
+from remote.jobs import HostError
+from remote.states import BAD, JobState
+from remote.wire import emit
+
+
+def status(args: dict[str, Any]) -> Any:
+    return jobs.status(Path(args["root"]))
+
+
+def launch(args: dict[str, Any]) -> Any:
+    root = Path(args["root"])
+    return [jobs.launch(root, spec) for spec in args["specs"]]
+
+
+def rerun(args: dict[str, Any]) -> Any:
+    """Relaunch the jobs in a bad state, each with the workstation's fresh spec if it sent one."""
+    root = Path(args["root"])
+    only = {JobState(s) for s in args.get("states", [s.value for s in BAD])}
+    fresh = args.get("specs", {})
+    results = []
+    for directory in jobs.all_job_dirs(root):
+        dataset, stage = directory.parent.name, directory.name
+        if _selected(args, dataset, stage):
+            spec = fresh.get(f"{dataset}/{stage}") or json.loads((directory / "spec.json").read_text())
+            results.append(jobs.launch(root, spec, only=only))
+    return results
+
+
+def stop(args: dict[str, Any]) -> Any:
+    root = Path(args["root"])
+    return [
+        jobs.stop(root, d.parent.name, d.name)
+        for d in jobs.all_job_dirs(root)
+        if _selected(args, d.parent.name, d.name)
+    ]
+
+
+def _selected(args: dict[str, Any], dataset: str, stage: str) -> bool:
+    return (not args.get("datasets") or dataset in args["datasets"]) and (
+        not args.get("stages") or stage in args["stages"]
+    )
+
+
+def logs(args: dict[str, Any]) -> None:
+    """Print the job's log tail, then (with follow) new lines until the job ends. Raw text, no payload."""
+    directory = _log_dir(Path(args["root"]), args["dataset"], args.get("stage"))
+    path = directory / "log"
+    with open(path, "rb") as handle:
+        lines = handle.read().splitlines(keepends=True)
+        sys.stdout.buffer.write(b"".join(lines[-args.get("lines", 50):]))
+        sys.stdout.flush()
+        while args.get("follow"):
+            chunk = handle.read()
+            if chunk:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+            elif JobState(jobs.describe(directory, time.time())["state"]).is_terminal():
+                return
+            else:
+                time.sleep(0.25)
+
+
+def _log_dir(root: Path, dataset: str, stage: str | None) -> Path:
+    candidates = [d for d in jobs.all_job_dirs(root) if d.parent.name == dataset and stage in (None, d.name)]
+    if not candidates:
+        raise HostError(f"no job for dataset {dataset}{' stage ' + stage if stage else ''} under {root}")
+    # Without a stage, the most recently started job of the dataset.
+    return max(candidates, key=lambda d: json.loads((d / "state.json").read_text()).get("started_at", 0))
+
+
+VERBS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "status": status,
+    "launch": launch,
+    "rerun": rerun,
+    "stop": stop,
+    "logs": logs,
+}
+
+
+def main(argv: list[str]) -> int:
+    verb, args = argv[0], json.loads(argv[1]) if len(argv) > 1 else {}
+    if verb not in VERBS:
+        emit({"error": f"unknown verb {verb!r}: expected one of {', '.join(VERBS)}"})
+        return 2
+    try:
+        result = VERBS[verb](args)
+    except HostError as exc:
+        if verb == "logs":  # its stdout is the log itself
+            print(exc, file=sys.stderr)
+        else:
+            emit({"error": str(exc)})
+        return 2
+    if result is not None:
+        emit(result)
+    return 0
+
+
+if __name__ == "__main__":
+    os.umask(0o022)
+    sys.exit(main(sys.argv[1:]))

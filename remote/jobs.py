@@ -1,0 +1,237 @@
+"""The job store on the host: one directory per (dataset, stage) under ``<root>/jobs``.
+
+Each job directory holds::
+
+    spec.json      what to run (written by launch)
+    state.json     the supervisor's record: pid, pid_start, release, times, exit code
+    progress.json  the stage's counters (remote.progress)
+    log            the stage's output; the previous run's is kept as log.1
+    launch.lock    taken while a launch checks and starts the job
+
+Only the supervisor writes ``state.json`` while it lives; launch writes the
+first one and `stop` the last one when the supervisor is already gone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from remote.progress import read_json, write_json_atomic
+from remote.states import JobState
+
+HEARTBEAT_SECONDS = 5.0
+SUPERVISOR_MARK = "[aerie]"  # the supervisor's own lines in a job's log
+
+
+class HostError(Exception):
+    """A refusal the workstation shows as one line."""
+
+
+def job_dir(root: Path, dataset: str, stage: str) -> Path:
+    return root / "jobs" / dataset / stage
+
+
+def all_job_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in (root / "jobs").glob("*/*/state.json"))
+
+
+def current_release(root: Path) -> Path:
+    link = root / "current"
+    if not link.exists():
+        raise HostError(f"nothing deployed under {root}: run `inv deploy` first")
+    return link.resolve()
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive flock: two terminals launching the same job take turns."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+# -- processes ---------------------------------------------------------------
+
+
+def process_start(pid: int) -> str | None:
+    """The kernel's start time of `pid`, so a reused pid is not taken for the job."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return _process_start_ps(pid)
+    # The command name may hold spaces and parentheses; fields restart after the last ')'.
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] == "Z" else fields[19]
+
+
+def _process_start_ps(pid: int) -> str | None:
+    # NOTE: only where there is no /proc (a macOS workstation on the local backend).
+    if not Path("/proc").is_dir():
+        out = subprocess.run(["ps", "-o", "lstart=", "-p", str(pid)], capture_output=True, text=True)
+        return out.stdout.strip() or None
+    return None
+
+
+def is_alive(state: dict[str, Any]) -> bool:
+    pid = state.get("pid")
+    return bool(pid) and process_start(pid) == state.get("pid_start")
+
+
+# -- reading -----------------------------------------------------------------
+
+
+def last_line(log: Path, limit: int = 160) -> str:
+    """The stage's last non-empty line in a log (not the supervisor's own), read from its tail only."""
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - 4096))
+            lines = handle.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    text = next((line.strip() for line in reversed(lines) if line.strip() and not line.startswith(SUPERVISOR_MARK)), "")
+    return text[:limit]
+
+
+def effective_state(state: dict[str, Any], progress: dict[str, Any], now: float) -> JobState:
+    """The recorded state, corrected by what the host sees now."""
+    recorded = JobState(state.get("state", "died"))
+    if recorded in (JobState.RUNNING, JobState.STALLED):
+        if not is_alive(state):
+            return JobState.DIED
+        last_sign = max(progress.get("updated_at", 0), state.get("started_at", 0))
+        if now - last_sign > state.get("stall_after", 600):
+            return JobState.STALLED
+        return JobState.RUNNING
+    return recorded
+
+
+def describe(directory: Path, now: float) -> dict[str, Any]:
+    """One job as the workstation shows it."""
+    state = read_json(directory / "state.json", {})
+    progress = read_json(directory / "progress.json", {})
+    effective = effective_state(state, progress, now)
+    skip_reasons = progress.get("skip_reasons", {})
+    message = state.get("message") or progress.get("message") or ""
+    if effective == JobState.DIED and not state.get("ended_at"):
+        message = f"supervisor (pid {state.get('pid')}) is gone without an exit code"
+    elif effective == JobState.STALLED:
+        message = f"no progress for {now - max(progress.get('updated_at', 0), state.get('started_at', 0)):.0f}s"
+    return {
+        "dataset": state.get("dataset", directory.parent.name),
+        "stage": state.get("stage", directory.name),
+        "state": effective.value,
+        "records": progress.get("records", 0),
+        "skipped": sum(skip_reasons.values()),
+        "skip_reasons": skip_reasons,
+        "metrics": progress.get("metrics", {}),
+        "exit_code": state.get("exit_code"),
+        "signal": state.get("signal"),
+        "release": state.get("release"),
+        "started_at": state.get("started_at"),
+        "ended_at": state.get("ended_at"),
+        "heartbeat_at": state.get("heartbeat_at"),
+        "waiting_for": state.get("waiting_for"),
+        "pid": state.get("pid"),
+        "message": message or last_line(directory / "log"),
+        "log_line": last_line(directory / "log"),
+    }
+
+
+def status(root: Path) -> dict[str, Any]:
+    now = time.time()
+    link = root / "current"
+    return {
+        "now": now,
+        "current_release": link.resolve().name if link.exists() else None,
+        "jobs": [describe(d, now) for d in all_job_dirs(root)],
+    }
+
+
+# -- launching and stopping --------------------------------------------------
+
+
+def launch(root: Path, spec: dict[str, Any], only: set[JobState] | None = None) -> dict[str, Any]:
+    """Start one job under a supervisor, unless it runs already (or, with `only`, is in another state)."""
+    directory = job_dir(root, spec["dataset"], spec["stage"])
+    directory.mkdir(parents=True, exist_ok=True)
+    result = {"dataset": spec["dataset"], "stage": spec["stage"], "launched": False}
+    with locked(directory / "launch.lock"):
+        state = read_json(directory / "state.json", {})
+        now_state = effective_state(state, read_json(directory / "progress.json", {}), time.time()) if state else None
+        if only is not None and now_state not in only:
+            return {**result, "reason": f"is {now_state.value if now_state else 'not started'}"}
+        if now_state == JobState.STALLED:
+            terminate(state)
+        elif state and is_alive(state):
+            return {**result, "reason": f"already running (pid {state['pid']})"}
+        pid = _spawn(root, directory, spec)
+    return {**result, "launched": True, "pid": pid}
+
+
+def _spawn(root: Path, directory: Path, spec: dict[str, Any]) -> int:
+    release = current_release(root)
+    write_json_atomic(directory / "spec.json", spec)
+    for stale in ("progress.json",):
+        (directory / stale).unlink(missing_ok=True)
+    if (directory / "log").exists():
+        os.replace(directory / "log", directory / "log.1")
+    env = {**os.environ, "PYTHONPATH": str(release), "PYTHONUNBUFFERED": "1"}
+    with open(directory / "log", "ab") as log:
+        # A new session: no controlling terminal, no SIGHUP when the SSH session ends.
+        process = subprocess.Popen(
+            [sys.executable, "-m", "remote.supervisor", str(directory)],
+            cwd=release, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    write_json_atomic(directory / "state.json", {
+        "dataset": spec["dataset"],
+        "stage": spec["stage"],
+        "state": JobState.RUNNING.value,
+        "pid": process.pid,
+        "pid_start": process_start(process.pid),
+        "release": release.name,
+        "started_at": time.time(),
+        "stall_after": spec.get("stall_after", 600),
+    })
+    return process.pid
+
+
+def terminate(state: dict[str, Any], grace: float = 10.0) -> None:
+    """End the job's whole process group: TERM, then KILL after `grace` seconds."""
+    if not is_alive(state):
+        return
+    pgid = state["pid"]  # the supervisor leads its own session and process group
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while is_alive(state) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _signal_group(pgid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def stop(root: Path, dataset: str, stage: str) -> dict[str, Any]:
+    directory = job_dir(root, dataset, stage)
+    with locked(directory / "launch.lock"):
+        state = read_json(directory / "state.json", {})
+        was_alive = is_alive(state)
+        terminate(state)
+        # The supervisor records `stopped` itself; write it only if it could not.
+        state = read_json(directory / "state.json", {})
+        if was_alive and not JobState(state["state"]).is_terminal():
+            state.update(state=JobState.STOPPED.value, ended_at=time.time(), message="stopped by inv stop")
+            write_json_atomic(directory / "state.json", state)
+    return {"dataset": dataset, "stage": stage, "stopped": was_alive}

@@ -1,0 +1,115 @@
+"""The progress API that a stage uses to tell the supervisor what it has done.
+
+A stage writes its counters with::
+
+    from remote.progress import Progress
+
+    with Progress.from_env() as progress:
+        for row in rows:
+            ...
+            progress.written()               # one record kept
+            progress.skipped("no assistant turn")
+        progress.metrics(step=10, loss=2.31)  # any numbers worth showing
+
+The counters land in the job's progress file (``$AERIE_PROGRESS``) as JSON,
+written to a temporary name and renamed, at most every ``interval`` seconds and
+once more on close. The supervisor reads the final file to tell `succeeded`
+from `empty`; `inv status` reads it for records, skips and rate. Outside a job
+(no ``$AERIE_PROGRESS``) the counters are kept in memory only, so the same
+stage code runs under `inv validate` and in tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+PROGRESS_ENV = "AERIE_PROGRESS"
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON to a temporary name beside `path`, then rename it into place."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    """Read a JSON file written by `write_json_atomic`; `default` when absent or torn."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return default
+
+
+class Progress:
+    """Counters of one stage run: records written, records skipped by reason, metrics."""
+
+    def __init__(self, path: Path | None = None, interval: float = 1.0) -> None:
+        self.path = path
+        self.interval = interval
+        self.records = 0
+        self.skip_reasons: Counter[str] = Counter()
+        self.values: dict[str, float] = {}
+        self.message = ""
+        self._flushed_at = 0.0
+
+    @classmethod
+    def from_env(cls, interval: float = 1.0) -> "Progress":
+        path = os.environ.get(PROGRESS_ENV)
+        return cls(Path(path) if path else None, interval)
+
+    def written(self, n: int = 1) -> None:
+        self.records += n
+        self._maybe_flush()
+
+    def skipped(self, reason: str, n: int = 1) -> None:
+        self.skip_reasons[reason] += n
+        self._maybe_flush()
+
+    def metrics(self, **values: float) -> None:
+        """Numbers to show beside the counts (step, loss, accuracy, ...)."""
+        self.values.update(values)
+        self._maybe_flush()
+
+    def note(self, message: str) -> None:
+        """A short line for the status table, such as the phase the stage is in."""
+        self.message = message
+        self._maybe_flush()
+
+    def beat(self) -> None:
+        """Say "still working" during a long step that counts nothing, so the job is not `stalled`."""
+        self._maybe_flush()
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skip_reasons.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "records": self.records,
+            "skip_reasons": dict(self.skip_reasons),
+            "metrics": self.values,
+            "message": self.message,
+            "updated_at": time.time(),
+        }
+
+    def flush(self) -> None:
+        self._flushed_at = time.monotonic()
+        if self.path is not None:
+            write_json_atomic(self.path, self.snapshot())
+
+    def _maybe_flush(self) -> None:
+        if time.monotonic() - self._flushed_at >= self.interval:
+            self.flush()
+
+    def __enter__(self) -> "Progress":
+        self.flush()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.flush()

@@ -1,0 +1,37 @@
+"""Job states, in lifecycle order.
+
+Shared vocabulary: the host decides a job's state, the workstation colours it.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class JobState(str, Enum):
+    WAITING = "waiting"
+    """Queued behind jobs whose outputs it needs (`inv run`)."""
+    RUNNING = "running"
+    """The supervisor is alive and the stage reported progress recently."""
+    STALLED = "stalled"
+    """Alive, but no progress or heartbeat for longer than the stage's `stall_after`."""
+    SUCCEEDED = "succeeded"
+    """Exited 0 having written at least one record."""
+    EMPTY = "empty"
+    """Exited 0 having written zero records: a failure, never a success."""
+    FAILED = "failed"
+    """Exited non-zero."""
+    DIED = "died"
+    """Gone without an exit code: kill -9, the OOM killer, a host reboot."""
+    STOPPED = "stopped"
+    """Ended by `inv stop`."""
+
+    def is_terminal(self) -> bool:
+        return self not in (JobState.WAITING, JobState.RUNNING, JobState.STALLED)
+
+    def is_bad(self) -> bool:
+        """The states `inv rerun --failed` relaunches and `inv status` exits non-zero on."""
+        return self in BAD
+
+
+BAD = frozenset({JobState.FAILED, JobState.DIED, JobState.EMPTY, JobState.STALLED})

@@ -1,0 +1,82 @@
+"""aerie: run the EAGLE-3 data and training pipeline on a GPU host from this checkout.
+
+`inv --list` shows the tasks; every task takes -i/--inventory NAME|PATH
+(default: Invoke's config key `inventory`, `local` in invoke.yaml).
+"""
+
+from __future__ import annotations
+
+from invoke import Collection, Context, Exit
+
+from local import control
+from local.cli import console, inventory_name, task
+from local.inventory import load
+
+INVENTORY = "inventory NAME (inventories/NAME.yaml) or a path; default: config key `inventory`"
+DATASET = "comma-separated dataset names; default: all of the inventory's"
+
+
+@task(help={"inventory": INVENTORY, "dry_run": "list what would be added, changed and removed; send nothing"})
+def deploy(c: Context, inventory: str | None = None, dry_run: bool = False) -> None:
+    """Check locally, then sync remote/ to the host as a new release, atomically."""
+    with control.session(inventory_name(c, inventory)) as host:
+        control.deploy(host, console(), dry_run=dry_run)
+
+
+@task(help={"stage": "the stage to run: prep, infer, extract or train", "dataset": DATASET, "inventory": INVENTORY})
+def launch(c: Context, stage: str, dataset: str | None = None, inventory: str | None = None) -> None:
+    """Start one detached job per dataset for a stage."""
+    with control.session(inventory_name(c, inventory)) as host:
+        host.inventory.stage(stage)
+        control.launch(host, console(), stage, control.split(dataset))
+
+
+@task(help={"inventory": INVENTORY, "json": "print a JSON list instead of the table",
+            "watch": "refresh the table in place every N seconds (Ctrl-C ends)"})
+def status(c: Context, inventory: str | None = None, json: bool = False, watch: float = 0) -> None:
+    """Every job's state, records, rate and last line, from one remote command."""
+    with control.session(inventory_name(c, inventory)) as host:
+        state = control.status(host, console(), as_json=json, watch=watch)
+    if control.status_view.any_bad(state):
+        raise Exit(code=1)
+
+
+@task(help={"failed": "relaunch the failed, died, empty and stalled jobs (the default, and the only mode)",
+            "dataset": DATASET, "stage": "comma-separated stages; default: all", "inventory": INVENTORY})
+def rerun(c: Context, failed: bool = True, dataset: str | None = None, stage: str | None = None,
+          inventory: str | None = None) -> None:
+    """Relaunch exactly the jobs that failed, died, came out empty or stalled, on the current release."""
+    with control.session(inventory_name(c, inventory)) as host:
+        control.rerun(host, console(), control.split(dataset), control.split(stage))
+
+
+@task(help={"dataset": "the dataset whose log to show", "stage": "its stage; default: the latest started",
+            "n": "how many lines of the end to show", "follow": "keep printing until the job ends",
+            "inventory": INVENTORY})
+def logs(c: Context, dataset: str, stage: str | None = None, n: int = 50, follow: bool = False,
+         inventory: str | None = None) -> None:
+    """Print the end of a job's log, or follow it."""
+    with control.session(inventory_name(c, inventory)) as host:
+        control.logs(host, dataset, stage, n, follow)
+
+
+@task(help={"dataset": "comma-separated dataset names (or --all)", "all": "stop every job",
+            "stage": "comma-separated stages; default: all", "inventory": INVENTORY})
+def stop(c: Context, dataset: str | None = None, all: bool = False, stage: str | None = None,
+         inventory: str | None = None) -> None:
+    """End running jobs (their whole process group) and record them as stopped."""
+    if not (dataset or all):
+        raise Exit("aerie: name the datasets to stop (inv stop -d A1,B5) or pass --all", code=2)
+    with control.session(inventory_name(c, inventory)) as host:
+        control.stop(host, console(), control.split(dataset), control.split(stage))
+
+
+@task(help={"inventory": INVENTORY, "fingerprint": "trust only if the key's SHA256 fingerprint is this",
+            "yes": "trust without asking (after checking the fingerprint yourself)"})
+def trust(c: Context, inventory: str | None = None, fingerprint: str | None = None, yes: bool = False) -> None:
+    """Show the host's key fingerprint and add it to known_hosts when you confirm."""
+    control.trust(load(inventory_name(c, inventory)), console(), fingerprint, yes)
+
+
+ns = Collection(deploy, launch, status, rerun, logs, stop, trust)
+ns.configure({"inventory": "local"})

@@ -1,0 +1,116 @@
+"""Running the real tasks from the tests: a copy of the checkout, inventories, `inv` in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from local.host import RemoteHost
+from local.inventory import load
+from tests.sshd import SshServer
+
+REPO = Path(__file__).resolve().parent.parent
+#: What a user's checkout holds that the tasks need (tests and the venv stay behind).
+CHECKOUT_PARTS = ("tasks.py", "invoke.yaml", "pyproject.toml", "local", "remote", "inventories")
+SCRIPTED = REPO / "tests" / "stages" / "scripted.py"
+
+
+def copy_checkout(target: Path) -> Path:
+    """A private copy of the checkout, so a test may edit remote/ and deploy the change."""
+    target.mkdir(parents=True, exist_ok=True)
+    for part in CHECKOUT_PARTS:
+        source = REPO / part
+        if source.is_dir():
+            shutil.copytree(source, target / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(source, target / part)
+    return target
+
+
+@dataclass
+class Bench:
+    """One test's checkout and host: write an inventory, run `inv`, look at the host's root."""
+
+    checkout: Path
+    root: Path
+    backend: str
+    sshd: SshServer | None = None
+    python: str = sys.executable
+
+    def inventory(self, datasets: dict[str, Any], stages: dict[str, Any] | None = None, **extra: Any) -> Path:
+        host: dict[str, Any] = {"root": str(self.root), "python": self.python}
+        if self.backend == "ssh":
+            assert self.sshd is not None
+            host.update(address=self.sshd.address, port=self.sshd.port, user=self.sshd.user,
+                        identity=str(self.sshd.identity), known_hosts=str(self.sshd.known_hosts),
+                        ssh_config=str(self.sshd.ssh_config), connect_timeout=5)
+        document = {"backend": self.backend, "host": host, "datasets": datasets, "stages": stages or {}, **extra}
+        path = self.checkout / "inventories" / "test.yaml"
+        path.write_text(yaml.safe_dump(document))
+        return path
+
+    def scripted(self, datasets: dict[str, str], stage: str = "prep", stall_after: float = 600) -> Path:
+        """An inventory whose `stage` runs tests/stages/scripted.py; `datasets` maps name to its plan."""
+        command = f"{{python}} {SCRIPTED}"
+        return self.inventory(
+            {name: {"source": plan, "kind": "native"} for name, plan in datasets.items()},
+            {stage: {"command": command, "stall_after": stall_after}},
+        )
+
+    def inv(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """`inv ARGS -i test` from the checkout, as a user would type it."""
+        argv = [sys.executable, "-m", "invoke", *args]
+        if "-i" not in args and "--inventory" not in args and args[0] not in ("--list",):
+            argv += ["-i", "test"]
+        env = {**os.environ, "COLUMNS": "200"}  # wide enough that rich truncates no cell
+        done = subprocess.run(argv, cwd=self.checkout, capture_output=True, text=True, timeout=timeout, env=env)
+        if check and done.returncode != 0:
+            raise AssertionError(f"inv {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """`inv status --json`, keyed by "dataset/stage"."""
+        done = self.inv("status", "--json", check=False)
+        assert done.returncode in (0, 1), done.stderr
+        return {f"{job['dataset']}/{job['stage']}": job for job in json.loads(done.stdout)}
+
+    def poll(self) -> dict[str, dict[str, Any]]:
+        """What `status` shows, asked in this process (cheap enough to poll), keyed by "dataset/stage"."""
+        host = RemoteHost(load(str(self.checkout / "inventories" / "test.yaml")))
+        try:
+            answer = host.call("status")
+        finally:
+            host.close()
+        return {f"{job['dataset']}/{job['stage']}": job for job in answer["jobs"]}
+
+    def wait_state(self, job: str, states: set[str], timeout: float = 30) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+
+        def reached() -> bool:
+            nonlocal seen
+            seen = self.poll().get(job, {})
+            return seen.get("state") in states
+
+        wait_for(reached, timeout, f"{job} to reach {states}")
+        return seen
+
+    def job_dir(self, dataset: str, stage: str = "prep") -> Path:
+        return self.root / "jobs" / dataset / stage
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

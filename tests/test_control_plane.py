@@ -1,0 +1,318 @@
+"""The control plane end to end: the real `inv` tasks against this machine and a real loopback sshd.
+
+Every test runs on both backends (`local`: subprocesses; `ssh`: Fabric over the
+test sshd). Stages are tests/stages/scripted.py, an ordinary stage command.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness import Bench, copy_checkout, wait_for
+
+pytestmark = pytest.mark.e2e
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.fixture(params=["local", "ssh"])
+def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Bench:
+    backend = request.param
+    sshd = request.getfixturevalue("sshd") if backend == "ssh" else None
+    bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", backend, sshd)
+    if backend == "ssh" and os.path.exists(SYSTEM_PYTHON):
+        # The host's bare Python: the control plane needs nothing but the standard library.
+        bench.python = SYSTEM_PYTHON
+    return bench
+
+
+def released_files(bench: Bench) -> set[str]:
+    current = bench.root / "current"
+    return {p.relative_to(current).as_posix() for p in current.rglob("*") if p.is_file()}
+
+
+# -- deploy --------------------------------------------------------------------
+
+
+def test_deploy_sends_everything_then_nothing_then_only_the_changed_file(bench: Bench) -> None:
+    bench.scripted({"A": "records=1"})
+    first = bench.inv("deploy")
+    assert "Deployed release" in first.stdout and "0 changed" in first.stdout
+    assert "remote/supervisor.py" in released_files(bench)
+    release_one = (bench.root / "current").resolve()
+
+    again = bench.inv("deploy")
+    assert "Nothing to deploy" in again.stdout
+    assert (bench.root / "current").resolve() == release_one
+
+    (bench.checkout / "remote" / "states.py").write_text(
+        (bench.checkout / "remote" / "states.py").read_text() + "\n# edited\n")
+    (bench.checkout / "remote" / "extra.py").write_text("VALUE = 1\n")
+    changed = bench.inv("deploy")
+    assert "1 added, 1 changed, 0 removed" in changed.stdout
+    assert changed.stdout.count("remote/") == 2  # exactly the two paths are listed
+    release_two = (bench.root / "current").resolve()
+    assert release_two != release_one and release_one.exists()  # the old release is kept
+    assert (release_two / "remote" / "states.py").read_text().endswith("# edited\n")
+    assert (release_two / "remote/jobs.py").stat().st_ino == (release_one / "remote/jobs.py").stat().st_ino
+
+
+def test_dry_run_lists_changes_and_sends_nothing(bench: Bench) -> None:
+    bench.scripted({"A": "records=1"})
+    (bench.checkout / "remote" / "obsolete.py").write_text("OLD = 1\n")
+    bench.inv("deploy")
+    (bench.checkout / "remote" / "obsolete.py").unlink()
+    dry = bench.inv("deploy", "--dry-run")
+    assert "remove remote/obsolete.py" in " ".join(dry.stdout.split())
+    assert "0 added, 0 changed, 1 removed" in dry.stdout
+    assert (bench.root / "current" / "remote" / "obsolete.py").exists()
+    bench.inv("deploy")
+    assert not (bench.root / "current" / "remote" / "obsolete.py").exists()
+
+
+def test_a_syntax_error_stops_the_deploy_before_anything_is_sent(bench: Bench) -> None:
+    bench.scripted({"A": "records=1"})
+    (bench.checkout / "remote" / "broken.py").write_text("def oops(:\n")
+    done = bench.inv("deploy", check=False)
+    assert done.returncode == 2
+    assert "remote/broken.py:1" in done.stderr and "Traceback" not in done.stderr
+    assert not (bench.root / "current").exists()
+
+
+def test_an_interrupted_deploy_leaves_the_previous_release_whole_and_the_next_completes(bench: Bench) -> None:
+    from local import deploy
+    from local.host import RemoteHost
+    from local.inventory import load
+
+    bench.scripted({"A": "records=1"})
+    bench.inv("deploy")
+    before = (bench.root / "current").resolve()
+    for index in range(30):
+        (bench.checkout / "remote" / f"bulk_{index}.py").write_text(f"DATA = {os.urandom(4000).hex()!r}\n")
+
+    class CutTransport:
+        """The connection drops after half of the deploy stream has gone out."""
+
+        def __init__(self, inner):  # noqa: ANN001
+            self.inner, self.name = inner, inner.name
+
+        def run(self, command, stdin=None, stream=None):  # noqa: ANN001
+            return self.inner.run(command, stdin[: len(stdin) // 2] if stdin else stdin, stream)
+
+        def close(self) -> None:
+            self.inner.close()
+
+    inventory = load(str(bench.checkout / "inventories" / "test.yaml"))
+    host = RemoteHost(inventory)
+    host.transport = CutTransport(host.transport)
+    plan = deploy.plan(host, deploy.manifest(bench.checkout))
+    with pytest.raises(Exception, match="previous release is untouched"):
+        deploy.push(host, plan, bench.checkout)
+    host.close()
+    assert (bench.root / "current").resolve() == before
+    assert not (before / "remote" / "bulk_0.py").exists()
+
+    done = bench.inv("deploy")
+    assert "30 added" in done.stdout
+    assert (bench.root / "current" / "remote" / "bulk_29.py").exists()
+    assert not list((bench.root / "releases").glob(".incoming-*"))
+
+
+# -- jobs ------------------------------------------------------------------------
+
+
+def test_launch_then_status_shows_succeeded_and_empty_with_counts(bench: Bench) -> None:
+    bench.scripted({"A": "records=3", "B": "records=0 skip=4 reason=no-assistant-turn"})
+    bench.inv("deploy")
+    launched = bench.inv("launch", "--stage", "prep")
+    assert "launched A/prep" in launched.stdout and "launched B/prep" in launched.stdout
+    a = bench.wait_state("A/prep", {"succeeded"})
+    b = bench.wait_state("B/prep", {"empty"})
+    assert a["records"] == 3 and a["exit_code"] == 0
+    assert b["records"] == 0 and b["skip_reasons"] == {"no-assistant-turn": 4}
+    assert "zero records" in b["message"] and "no-assistant-turn" in b["message"]
+    listed = bench.status()  # the real `inv status --json`
+    required = {"dataset", "stage", "state", "records", "skipped", "skip_reasons", "exit_code", "release",
+                "started_at", "ended_at", "message"}
+    assert required <= set(listed["B/prep"]) and listed["B/prep"]["skipped"] == 4
+    table = bench.inv("status", check=False)
+    assert table.returncode == 1  # an empty job is a failure
+    assert "succeeded" in table.stdout and "empty" in table.stdout
+
+
+def test_status_says_no_jobs_yet_and_exits_zero(bench: Bench) -> None:
+    bench.scripted({"A": "records=1"})
+    bench.inv("deploy")
+    done = bench.inv("status")
+    assert "No jobs yet." in done.stdout
+
+
+def test_a_failed_job_shows_its_error_and_rerun_relaunches_only_the_bad_ones(bench: Bench) -> None:
+    fixed = bench.root.parent / "fixed"
+    bench.scripted({"good": "records=2", "bad": f"records=1 exit=3 unless={fixed}", "empty": "records=0"})
+    bench.inv("deploy")
+    bench.inv("launch", "--stage", "prep")
+    bad = bench.wait_state("bad/prep", {"failed"})
+    good = bench.wait_state("good/prep", {"succeeded"})
+    bench.wait_state("empty/prep", {"empty"})
+    assert bad["exit_code"] == 3 and "scripted failure for bad" in bad["message"]
+
+    fixed.write_text("")  # the user's fix
+    rerun = bench.inv("rerun", "--failed", "--dataset", "bad,good")
+    assert "relaunched bad/prep" in rerun.stdout
+    assert "good" not in rerun.stdout and "empty/prep" not in rerun.stdout
+    assert bench.wait_state("bad/prep", {"succeeded"})["records"] == 1
+    after = bench.status()
+    assert after["good/prep"]["started_at"] == good["started_at"]  # untouched
+    assert after["empty/prep"]["state"] == "empty"  # not selected by --dataset
+
+
+def test_launching_a_running_job_again_is_refused(bench: Bench) -> None:
+    bench.scripted({"A": "records=50 sleep=0.2"})
+    bench.inv("deploy")
+    bench.inv("launch", "--stage", "prep")
+    again = bench.inv("launch", "--stage", "prep")
+    assert "skipped A/prep: already running" in again.stdout
+    bench.inv("stop", "--all")
+
+
+def test_two_concurrent_reruns_launch_the_job_once(bench: Bench) -> None:
+    bench.scripted({"A": "records=1 exit=1"})
+    bench.inv("deploy")
+    bench.inv("launch", "--stage", "prep")
+    bench.wait_state("A/prep", {"failed"})
+    bench.scripted({"A": "records=30 sleep=0.2"})
+    outputs: list[str] = []
+    threads = [threading.Thread(target=lambda: outputs.append(bench.inv("rerun").stdout)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(out.count("relaunched A/prep") for out in outputs) == 1, outputs
+    bench.inv("stop", "-d", "A")
+
+
+def test_kill_9_of_the_supervisor_or_the_stage_is_died(bench: Bench) -> None:
+    bench.scripted({"A": "records=100 sleep=0.1", "B": "records=100 sleep=0.1"})
+    bench.inv("deploy")
+    bench.inv("launch", "--stage", "prep")
+    a = bench.wait_state("A/prep", {"running"})
+    os.kill(a["pid"] if "pid" in a else _pid(bench, "A"), signal.SIGKILL)
+    assert "without an exit code" in bench.wait_state("A/prep", {"died"})["message"]
+    stage_pid = _stage_pid(bench, "B")
+    os.kill(stage_pid, signal.SIGKILL)
+    died = bench.wait_state("B/prep", {"died"})
+    assert died["signal"] == "SIGKILL"
+    assert bench.inv("status", check=False).returncode == 1
+    bench.inv("stop", "--all")
+
+
+def _pid(bench: Bench, dataset: str) -> int:
+    import json
+
+    return json.loads((bench.job_dir(dataset) / "state.json").read_text())["pid"]
+
+
+def _stage_pid(bench: Bench, dataset: str) -> int:
+    """The stage's python, a grandchild of the supervisor (via /bin/sh)."""
+    supervisor = _pid(bench, dataset)
+    found: list[int] = []
+
+    def child_is_there() -> bool:
+        found[:] = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_descendant(int(p), supervisor)
+                    and "scripted.py" in _cmdline(int(p)) and "/bin/sh" not in _cmdline(int(p))]
+        return bool(found)
+
+    wait_for(child_is_there, 10, "the stage process")
+    return found[0]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _is_descendant(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return False
+        if pid == ancestor:
+            return True
+    return False
+
+
+def test_a_job_without_progress_is_stalled_and_rerun_restarts_it(bench: Bench) -> None:
+    bench.scripted({"A": "records=1 hold=120"}, stall_after=1.5)
+    bench.inv("deploy")
+    bench.inv("launch", "--stage", "prep")
+    stalled = bench.wait_state("A/prep", {"stalled"}, timeout=20)
+    assert "no progress" in stalled["message"]
+    old_pid = _pid(bench, "A")
+    assert "relaunched A/prep" in bench.inv("rerun").stdout
+    wait_for(lambda: not Path(f"/proc/{old_pid}").exists(), 15, "the stalled job to end")
+    bench.inv("stop", "--all")
+
+
+def test_stop_ends_the_whole_process_group_and_records_stopped(bench: Bench) -> None:
+    bench.scripted({"A": "records=100 sleep=0.1 child=1"})
+    bench.inv("deploy")
+    bench.inv("launch", "--stage", "prep")
+    child_file = bench.root / "data" / "A" / "prep" / "child.pid"
+    wait_for(child_file.exists, 10, "the grandchild")
+    grandchild = int(child_file.read_text())
+    assert "stopped A/prep" in bench.inv("stop", "-d", "A").stdout
+    assert bench.status()["A/prep"]["state"] == "stopped"
+    wait_for(lambda: not Path(f"/proc/{grandchild}").exists() or "Z" in _state(grandchild), 10, "the grandchild to end")
+    assert "Nothing to stop" in bench.inv("stop", "--all").stdout
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_logs_show_the_tail_and_follow_ends_with_the_job(bench: Bench) -> None:
+    bench.scripted({"A": "records=15 sleep=0.1"})
+    bench.inv("deploy")
+    bench.inv("launch", "--stage", "prep")
+    followed = bench.inv("logs", "A", "--follow", timeout=60)
+    assert "record 15" in followed.stdout and "succeeded" in followed.stdout
+    tail = bench.inv("logs", "A", "-n", "2")
+    assert tail.stdout.splitlines()[0] == "record 15"
+    unknown = bench.inv("logs", "Z", check=False)
+    assert unknown.returncode == 2 and "unknown dataset Z" in unknown.stderr
+
+
+def test_a_job_outlives_the_connection_that_launched_it(bench: Bench) -> None:
+    if bench.backend != "ssh":
+        pytest.skip("only SSH has a connection to drop")
+    assert bench.sshd is not None
+    bench.scripted({"A": "records=20 sleep=0.1"})
+    bench.inv("deploy")
+    bench.inv("launch", "--stage", "prep")
+    assert bench.sshd.kill_connections() == 0  # `inv launch` has already hung up
+    time.sleep(0.5)
+    assert bench.wait_state("A/prep", {"succeeded"})["records"] == 20
+
+
+def test_a_job_on_an_older_release_is_marked(bench: Bench) -> None:
+    bench.scripted({"A": "records=1"})
+    bench.inv("deploy")
+    bench.inv("launch", "--stage", "prep")
+    first = bench.wait_state("A/prep", {"succeeded"})
+    (bench.checkout / "remote" / "extra.py").write_text("X = 2\n")
+    bench.inv("deploy")
+    assert bench.status()["A/prep"]["release"] == first["release"]
+    table = bench.inv("status", "-i", "test")
+    assert "(old)" in table.stdout
