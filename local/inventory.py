@@ -170,7 +170,23 @@ def load(name_or_path: str) -> Inventory:
 def _describe(error: dict[str, Any]) -> str:
     key = ".".join(str(part) for part in error["loc"]) or "(top level)"
     if error["type"] == "extra_forbidden":
-        return f"{key}: unknown key"
+        return f"{key}: unknown key (expected one of: {', '.join(_model_at(error['loc'][:-1]).model_fields)})"
     if error["type"] == "missing":
         return f"{key}: missing (required)"
-    return f"{key}: {error['msg'].removeprefix('Value error, ')} (got {error.get('input')!r})"
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{key}: {message} (got {error['input']!r})" if error["loc"] else message
+
+
+def _model_at(location: tuple[Any, ...]) -> type[BaseModel]:
+    """The model that validates the mapping at `location`, to list the keys it knows."""
+    model: type[BaseModel] = Inventory
+    for part in location:
+        field = model.model_fields.get(str(part))
+        if field is None:  # a name inside a dict, such as a dataset's
+            continue
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        elif str(part) == "datasets":
+            model = Dataset
+    return model

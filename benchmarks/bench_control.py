@@ -1,0 +1,147 @@
+"""Control-plane figures against a throwaway loopback sshd, as ratios to baselines run alongside.
+
+- `inv status` of 40 jobs: remote commands used, and wall time over `ssh host true`;
+- `inv launch` of 40 jobs: remote commands used, and wall time over `ssh host true`;
+- deploy of a 200-file tree: a no-op deploy and a one-file change, against `rsync -az`
+  of the same tree over the same sshd.
+
+Each figure is the median of `repeat` runs. "in-process" times start at the
+connection (what a long-lived `inv status --watch` pays per refresh is less);
+"inv" times are the whole `inv` command, Python start-up included.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from local import deploy
+from local.host import RemoteHost
+from local.inventory import load
+from tests.harness import SCRIPTED, Bench, copy_checkout, wait_for
+from tests.sshd import start_server
+
+JOBS = 40
+TREE_FILES = 200
+
+
+class Counting:
+    """Wraps a transport to count the remote commands a task uses."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.name, self.commands = inner, inner.name, 0
+
+    def run(self, command: str, stdin: bytes | None = None, stream: Any = None) -> Any:
+        self.commands += 1
+        return self.inner.run(command, stdin, stream)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def median_seconds(action: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def host_of(bench: Bench) -> RemoteHost:
+    host = RemoteHost(load(str(bench.checkout / "inventories" / "test.yaml")))
+    host.transport = Counting(host.transport)
+    return host
+
+
+def once(bench: Bench, verb: Callable[[RemoteHost], object]) -> int:
+    """Run one task's work on a fresh connection; the number of remote commands it used."""
+    host = host_of(bench)
+    try:
+        verb(host)
+        return host.transport.commands  # type: ignore[attr-defined]
+    finally:
+        host.close()
+
+
+def run(repeat: int = 5) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        sshd = start_server(work / "sshd")
+        try:
+            bench = Bench(copy_checkout(work / "checkout"), work / "root", "ssh", sshd)
+            return measure(bench, work, repeat)
+        finally:
+            sshd.stop()
+
+
+def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
+    assert bench.sshd is not None
+    bench.scripted({f"D{i:02d}": "records=3" for i in range(JOBS)})
+    ssh_true = median_seconds(lambda: subprocess.run(bench.sshd.ssh_argv("true"), check=True), repeat)
+    for index in range(TREE_FILES - len(deploy.manifest(bench.checkout))):
+        (bench.checkout / "remote" / "tree" / f"m{index:03d}.py").parent.mkdir(exist_ok=True)
+        (bench.checkout / "remote" / "tree" / f"m{index:03d}.py").write_text(f"# module {index}\n" + "X = 1\n" * 200)
+    files = deploy.manifest(bench.checkout)
+
+    def deploy_once(host: RemoteHost) -> None:
+        deploy.push(host, deploy.plan(host, files), bench.checkout) if not deploy.plan(host, files).is_noop else None
+
+    bench.inv("deploy")
+    launch_commands = once(bench, lambda h: h.call("launch", specs=_specs(bench)))
+    wait_for(lambda: all(j["state"] == "succeeded" for j in bench.poll().values()) and len(bench.poll()) == JOBS,
+             120, "40 jobs to finish")
+    launch = median_seconds(lambda: once(bench, lambda h: h.call("launch", specs=_specs(bench))), 1)
+    status_commands = once(bench, lambda h: h.call("status"))
+    status = median_seconds(lambda: once(bench, lambda h: h.call("status")), repeat)
+    inv_status = median_seconds(lambda: bench.inv("status", check=False), repeat)
+
+    noop_commands = once(bench, deploy_once)
+    noop = median_seconds(lambda: once(bench, deploy_once), repeat)
+    rsync_target = f"{bench.sshd.destination}:{work / 'rsync-copy'}/"
+    rsync = ["rsync", "-az", "--delete", "-e", bench.sshd.rsh(), f"{bench.checkout / 'remote'}/", rsync_target]
+    subprocess.run(rsync, check=True)
+    rsync_noop = median_seconds(lambda: subprocess.run(rsync, check=True), repeat)
+
+    target = bench.checkout / "remote" / "tree" / "m000.py"
+
+    def change_one() -> None:
+        target.write_text(target.read_text() + "# edit\n")
+
+    def aerie_change() -> None:
+        change_one()
+        once(bench, lambda h: deploy.push(h, deploy.plan(h, deploy.manifest(bench.checkout)), bench.checkout))
+
+    def rsync_change() -> None:
+        change_one()
+        subprocess.run(rsync, check=True)
+
+    one_file = median_seconds(aerie_change, repeat)
+    rsync_one = median_seconds(rsync_change, repeat)
+    return {
+        "ssh_true_s": ssh_true,
+        "status_40_jobs": {"remote_commands": status_commands, "seconds": status, "ratio_to_ssh_true": status / ssh_true,
+                           "inv_seconds": inv_status, "inv_ratio_to_ssh_true": inv_status / ssh_true},
+        "launch_40_jobs": {"remote_commands": launch_commands, "seconds": launch, "ratio_to_ssh_true": launch / ssh_true},
+        "deploy_noop_200_files": {"remote_commands": noop_commands, "seconds": noop, "rsync_seconds": rsync_noop,
+                                  "ratio_to_rsync": noop / rsync_noop},
+        "deploy_one_changed_200_files": {"seconds": one_file, "rsync_seconds": rsync_one,
+                                         "ratio_to_rsync": one_file / rsync_one},
+    }
+
+
+def _specs(bench: Bench) -> list[dict[str, Any]]:
+    from local import jobs
+
+    return jobs.specs(load(str(bench.checkout / "inventories" / "test.yaml")), "prep", None)
+
+
+if __name__ == "__main__":
+    json.dump(run(int(sys.argv[1]) if len(sys.argv) > 1 else 5), sys.stdout, indent=2)
+    print()

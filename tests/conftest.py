@@ -1,0 +1,151 @@
+"""Shared fixtures: a real OpenSSH server on loopback, and the guards that keep every test there.
+
+Safety rule: no test may reach anything outside 127.0.0.0/8 and ::1, least of
+all the `gpu` inventory's host. Three layers enforce it:
+- in this process, pytest-socket: `connect()` to any other address raises
+  before a packet leaves (configured below, so no command line can drop it);
+- in Python subprocesses, and in sessions on the test sshd, a generated
+  `sitecustomize` that does the same (and refuses DNS names but `localhost`);
+- AERIE_TEST_ONLY_LOOPBACK=1, which aerie's SSH transport honours by refusing
+  any address that is not loopback, whatever the inventory says.
+The user's ~/.ssh, ~/.invoke.yaml and ssh-agent are out of reach: HOME is an
+empty directory and SSH_AUTH_SOCK is unset for the whole session.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.sshd import SshServer, SshServerError, free_port as _free_port, require_openssh, start_server
+
+LOOPBACK_ONLY_ENV = "AERIE_TEST_ONLY_LOOPBACK"
+LOOPBACK_HOSTS = "127.0.0.0/8,::1,localhost"
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "ftp_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "FTP_PROXY")
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+# NOTE: written out as sitecustomize.py and put first on PYTHONPATH, so that every Python
+# started by a test (an `inv` subprocess, a job on the test sshd) carries the guard too.
+SUBPROCESS_GUARD = '''\
+"""aerie's test guard: this interpreter reaches loopback and Unix sockets only."""
+import errno, ipaddress, socket
+
+_connect, _connect_ex, _getaddrinfo = socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo
+
+
+def _is_loopback(host):
+    try:
+        return ipaddress.ip_address(str(host).split("%")[0]).is_loopback
+    except ValueError:
+        return host in (None, "", "localhost")
+
+
+def _check(sock, address):
+    if sock.family in (socket.AF_INET, socket.AF_INET6) and not _is_loopback(address[0]):
+        raise OSError(errno.ENETUNREACH, f"aerie tests reach loopback only, not {address[0]}")
+
+
+def _guarded_connect(self, address):
+    _check(self, address)
+    return _connect(self, address)
+
+
+def _guarded_connect_ex(self, address):
+    _check(self, address)
+    return _connect_ex(self, address)
+
+
+def _is_address(host):
+    try:
+        return bool(ipaddress.ip_address(str(host).split("%")[0]))
+    except ValueError:
+        return False
+
+
+def _guarded_getaddrinfo(host, *args, **kwargs):
+    host = host.decode() if isinstance(host, bytes) else host
+    if not (_is_address(host) or _is_loopback(host)):  # addresses are checked on connect
+        raise socket.gaierror(socket.EAI_NONAME, f"aerie tests resolve loopback names only, not {host}")
+    return _getaddrinfo(host, *args, **kwargs)
+
+
+socket.socket.connect = _guarded_connect
+socket.socket.connect_ex = _guarded_connect_ex
+socket.getaddrinfo = _guarded_getaddrinfo
+'''
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # Before pytest-socket reads its options: loopback only, whatever the command line says.
+    if config.getoption("--force-enable-socket"):
+        raise pytest.UsageError("aerie's tests reach loopback only: --force-enable-socket is refused")
+    config.option.allow_hosts = LOOPBACK_HOSTS
+    config.option.allow_unix_socket = True
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hermetic_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Loopback-only, offline, and blind to the user's home; yields what sessions on the test sshd get."""
+    home = tmp_path_factory.mktemp("home")
+    (home / ".ssh").mkdir(mode=0o700)
+    guard = tmp_path_factory.mktemp("guard")
+    (guard / "sitecustomize.py").write_text(SUBPROCESS_GUARD)
+    python_path = os.pathsep.join(filter(None, [str(guard), os.environ.get("PYTHONPATH")]))
+    shared = {LOOPBACK_ONLY_ENV: "1", "PYTHONPATH": python_path, **OFFLINE}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in {**shared, "HOME": str(home), "no_proxy": "*", "NO_PROXY": "*"}.items():
+            patch.setenv(name, value)
+        for name in (*PROXY_VARIABLES, "SSH_AUTH_SOCK"):
+            patch.delenv(name, raising=False)
+        yield {**shared, "PYTHONPATH": str(guard)}
+
+
+def _openssh_or_skip() -> None:
+    """A missing OpenSSH fails the run in CI and skips the test elsewhere."""
+    try:
+        require_openssh()
+        return
+    except SshServerError as error:
+        missing = str(error)
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI needs a real sshd: {missing}", pytrace=False)
+    pytest.skip(missing)
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory, hermetic_environment: dict[str, str]) -> Iterator[SshServer]:
+    """One real OpenSSH server on 127.0.0.1 for the whole session (one per xdist worker)."""
+    _openssh_or_skip()
+    server = start_server(tmp_path_factory.mktemp("sshd"), environment=hermetic_environment)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def ssh_server_factory(tmp_path: Path, hermetic_environment: dict[str, str]) -> Iterator[Callable[..., SshServer]]:
+    """Start extra servers for one test, each with its own host key, stopped afterwards.
+
+    `ssh_server_factory(identity=sshd.identity)` accepts the session server's client key,
+    so a refusal can only come from the host key.
+    """
+    _openssh_or_skip()
+    servers: list[SshServer] = []
+
+    def start(identity: Path | None = None) -> SshServer:
+        server = start_server(tmp_path / f"sshd-{len(servers)}", identity=identity, environment=hermetic_environment)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on: connecting to it is refused at once."""
+    return _free_port()

@@ -1,0 +1,90 @@
+"""Reaching the host over SSH: keys are checked, failures are quick and said in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness import Bench, copy_checkout
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def bench(tmp_path: Path, sshd) -> Bench:  # noqa: ANN001
+    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "ssh", sshd)
+
+
+def test_an_unknown_host_key_is_refused_until_trusted_by_fingerprint(bench: Bench, ssh_server_factory) -> None:  # noqa: ANN001
+    assert bench.sshd is not None
+    other = ssh_server_factory(identity=bench.sshd.identity)  # accepts our key, has its own host key
+    bench.sshd = other
+    bench.scripted({"A": "records=1"})
+    known_hosts = Path(bench.checkout / "known_hosts")
+    known_hosts.write_text("")
+    inventory = bench.checkout / "inventories" / "test.yaml"
+    inventory.write_text(inventory.read_text().replace(str(other.known_hosts), str(known_hosts)))
+
+    refused = bench.inv("deploy", check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert f"host key ssh-ed25519 {other.host_key_fingerprint} is not in {known_hosts}" in refused.stderr
+    assert "inv trust" in refused.stderr
+    assert not bench.root.exists()
+
+    wrong = bench.inv("trust", "--fingerprint", "SHA256:not-this-one", check=False)
+    assert wrong.returncode == 2 and "not trusted" in wrong.stderr and known_hosts.read_text() == ""
+    no_tty = bench.inv("trust", check=False)
+    assert no_tty.returncode == 2 and "--fingerprint" in no_tty.stderr
+
+    trusted = bench.inv("trust", "--fingerprint", other.host_key_fingerprint)
+    assert f"[127.0.0.1]:{other.port} ssh-ed25519" in known_hosts.read_text()
+    assert "Added" in trusted.stdout
+    assert "Deployed release" in bench.inv("deploy").stdout
+    assert "Already trusted" in bench.inv("trust", "--yes").stdout
+
+
+def test_a_changed_host_key_is_refused_and_named(bench: Bench, ssh_server_factory) -> None:  # noqa: ANN001
+    assert bench.sshd is not None
+    impostor = ssh_server_factory(identity=bench.sshd.identity)
+    bench.scripted({"A": "records=1"})
+    inventory = bench.checkout / "inventories" / "test.yaml"
+    # The known_hosts file names the first server's key for the impostor's address and port.
+    known_hosts = bench.checkout / "known_hosts"
+    known_hosts.write_text(f"[127.0.0.1]:{impostor.port} {bench.sshd.host_public_key}\n")
+    text = inventory.read_text().replace(str(bench.sshd.known_hosts), str(known_hosts))
+    inventory.write_text(text.replace(f"port: {bench.sshd.port}", f"port: {impostor.port}"))
+    refused = bench.inv("status", check=False)
+    assert refused.returncode == 2
+    assert "host key CHANGED" in refused.stderr and impostor.host_key_fingerprint in refused.stderr
+
+
+def test_a_closed_port_fails_at_once_with_a_clear_message(bench: Bench, free_port: int) -> None:
+    bench.scripted({"A": "records=1"})
+    inventory = bench.checkout / "inventories" / "test.yaml"
+    assert bench.sshd is not None
+    inventory.write_text(inventory.read_text().replace(f"port: {bench.sshd.port}", f"port: {free_port}"))
+    started = time.monotonic()
+    done = bench.inv("status", check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"127.0.0.1:{free_port}: connection refused" in done.stderr
+    assert time.monotonic() - started < 10  # connect_timeout is 5 s; refusal must not wait for it
+
+
+def test_a_wrong_identity_is_an_authentication_error(bench: Bench, tmp_path: Path) -> None:
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    bench.scripted({"A": "records=1"})
+    inventory = bench.checkout / "inventories" / "test.yaml"
+    assert bench.sshd is not None
+    inventory.write_text(inventory.read_text().replace(str(bench.sshd.identity), str(stranger)))
+    done = bench.inv("status", check=False)
+    assert done.returncode == 2 and "authentication failed" in done.stderr
+
+
+def test_tests_refuse_any_host_outside_loopback(bench: Bench) -> None:
+    done = bench.inv("status", "-i", "gpu", check=False)
+    assert done.returncode == 2
+    assert "refusing to connect to 10.1.230.174" in done.stderr
