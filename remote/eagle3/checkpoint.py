@@ -1,0 +1,63 @@
+"""Draft checkpoints SGLang loads with ``--speculative-algorithm EAGLE3``.
+
+A checkpoint directory holds ``config.json`` (``architectures:
+["LlamaForCausalLMEagle3"]``, ``draft_vocab_size``, ``target_hidden_size``,
+``eagle_config.eagle_aux_hidden_state_layer_ids``) and ``model.safetensors``
+with the draft's weights under SGLang's names and the ``d2t``/``t2d`` maps.
+The frozen embeddings are left out: SGLang hands the draft the target's own.
+It is written to a temporary directory and renamed into place; an older
+checkpoint of the same name is swapped out only after the new one is whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from remote.eagle3.model import Eagle3Draft
+
+WEIGHTS = "model.safetensors"
+#: Not saved: SGLang shares the target's embeddings with the draft.
+SHARED = ("embed_tokens.weight",)
+
+
+def state_for_sglang(draft: Eagle3Draft) -> dict[str, torch.Tensor]:
+    """The draft's tensors under the names SGLang's loader looks up."""
+    return {name: t.detach().contiguous().cpu() for name, t in draft.state_dict().items() if name not in SHARED}
+
+
+def save(draft: Eagle3Draft, directory: Path, extra: dict[str, Any] | None = None) -> Path:
+    """Write the checkpoint atomically into `directory`."""
+    from safetensors.torch import save_file
+
+    tmp = directory.with_name(f".{directory.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(state_for_sglang(draft), str(tmp / WEIGHTS), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(draft.config, indent=2, sort_keys=True))
+    if extra:
+        (tmp / "aerie.json").write_text(json.dumps(extra, indent=2, sort_keys=True))
+    old = directory.with_name(f".{directory.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if directory.exists():
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    shutil.rmtree(old, ignore_errors=True)
+    return directory
+
+
+def load(directory: Path, embed: torch.Tensor) -> Eagle3Draft:
+    """A draft from a checkpoint, given the target's embeddings."""
+    from safetensors.torch import load_file
+
+    config = json.loads((directory / "config.json").read_text())
+    draft = Eagle3Draft(config)
+    state = load_file(str(directory / WEIGHTS))
+    state["embed_tokens.weight"] = embed
+    draft.load_state_dict(state, strict=True)
+    return draft.eval()

@@ -1,0 +1,60 @@
+"""The prep stage's tokenised records, checked before anything reads them.
+
+Prep writes ``<data>/prep/tokens-*.parquet`` (columns ``id``, ``input_ids``,
+``loss_mask``) and, last of all, ``<data>/prep/manifest.json``. A missing
+manifest, or one without ``release``, means prep never finished, or an older
+aerie wrote it: extraction refuses such inputs rather than guess.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from remote.eagle3 import StageInputError
+
+COLUMNS = ["id", "input_ids", "loss_mask"]
+
+
+@dataclass(frozen=True)
+class Record:
+    """One tokenised conversation."""
+
+    id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+def read_manifest(prep_dir: Path) -> dict[str, Any]:
+    """Prep's manifest, refused when prep did not finish or predates the release field."""
+    path = prep_dir / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StageInputError(f"no prep manifest at {path}: prep has not succeeded for this dataset; run it first (inv launch --stage prep)")
+    except json.JSONDecodeError:
+        raise StageInputError(f"prep manifest {path} is unreadable: rerun prep (inv rerun --stage prep)")
+    if not isinstance(manifest, dict) or not manifest.get("release"):
+        raise StageInputError(f"prep manifest {path} has no release: it comes from an older aerie; rerun prep on the current release")
+    return manifest
+
+
+def shard_files(prep_dir: Path) -> list[Path]:
+    files = sorted(prep_dir.glob("tokens-*.parquet"))
+    if not files:
+        raise StageInputError(f"no tokens-*.parquet in {prep_dir}: rerun prep")
+    return files
+
+
+def read_records(prep_dir: Path) -> Iterator[Record]:
+    """Every record, in shard order then row order (a stable order for resuming)."""
+    import pyarrow.parquet as pq
+
+    for file in shard_files(prep_dir):
+        missing = [c for c in COLUMNS if c not in pq.read_schema(file).names]
+        if missing:
+            raise StageInputError(f"{file} lacks column(s) {', '.join(missing)}: rerun prep on the current release")
+        for row in pq.read_table(file, columns=COLUMNS).to_pylist():
+            yield Record(str(row["id"]), list(row["input_ids"]), list(row["loss_mask"]))

@@ -1,0 +1,74 @@
+"""The infer stage's settings, read from the stage's part of ``$AERIE_CONFIG``.
+
+The inventory validates them on the workstation (`local.inventory.Infer`);
+they are checked again here because the host only sees JSON, and a stage run by
+hand must fail with a line naming the key, not a traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+class SettingsError(ValueError):
+    """A stage setting has the wrong type or value; the message names the key."""
+
+
+@dataclass(frozen=True)
+class InferSettings:
+    """How to reach the server and what to ask it (``stages.infer`` in the inventory)."""
+
+    #: The server's OpenAI-compatible base, e.g. ``http://127.0.0.1:30000/v1``.
+    server_url: str = "http://127.0.0.1:30000/v1"
+    #: The ``model`` field of each request (SGLang accepts ``default``; a
+    #: pinned ``transformers serve`` wants the path it serves).
+    model: str = "default"
+    #: Requests in flight at once.
+    concurrency: int = 8
+    #: Seconds one request may take before it counts as a timeout.
+    timeout: float = 600.0
+    #: Extra attempts after a connection error, timeout, 5xx or 429.
+    retries: int = 3
+    #: First backoff delay in seconds; doubled per attempt, with full jitter.
+    backoff: float = 1.0
+    max_tokens: int = 2048
+    temperature: float = 0.7
+    top_p: float = 1.0
+    #: Passed through to the server's chat template (Kimi-K2.5: ``{"thinking": false}``).
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "InferSettings":
+        """Settings from the stage config; unknown keys (``command``, ``stall_after``) are the supervisor's."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in config.items() if k in known and v is not None}
+        settings = cls(**values)
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        if not isinstance(self.server_url, str) or not self.server_url.startswith(("http://", "https://")):
+            raise SettingsError(f"stages.infer.server_url: expected an http:// or https:// URL (got {self.server_url!r})")
+        if not isinstance(self.model, str) or not self.model:
+            raise SettingsError(f"stages.infer.model: expected the served model's name (got {self.model!r})")
+        for name, minimum in (("concurrency", 1), ("retries", 0), ("max_tokens", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise SettingsError(f"stages.infer.{name}: expected an integer >= {minimum} (got {value!r})")
+        for name in ("timeout", "backoff", "temperature", "top_p"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise SettingsError(f"stages.infer.{name}: expected a number >= 0 (got {value!r})")
+        if self.timeout == 0:
+            raise SettingsError("stages.infer.timeout: expected a number of seconds > 0 (got 0)")
+        if not isinstance(self.chat_template_kwargs, dict):
+            raise SettingsError(
+                f"stages.infer.chat_template_kwargs: expected a mapping such as {{thinking: false}} "
+                f"(got {self.chat_template_kwargs!r})"
+            )
+
+    def sampling(self) -> dict[str, Any]:
+        """The settings that shape the answers: a journal made with others must not be continued."""
+        keep = ("model", "max_tokens", "temperature", "top_p", "chat_template_kwargs")
+        return {k: v for k, v in asdict(self).items() if k in keep}

@@ -1,0 +1,246 @@
+"""The inference server that the infer stage talks to: start it, wait for it, stop it, ask it.
+
+The launch command is a string from the inventory (SGLang's
+``python -m sglang.launch_server ...`` on the GPU host, ``transformers serve``
+for the demo). The server runs in its own session, so `stop` ends its whole
+process group: SGLang forks scheduler and detokenizer processes that a plain
+kill of the parent would leave holding the GPUs.
+
+`server_info` and `check_server_config` serve ``inv check``: the last round ran
+``--speculative-algorithm EAGLE`` with an EAGLE-3 draft, which fed the draft
+one 7168-wide final-layer state instead of three concatenated auxiliary layers.
+
+Standard library only: the host's Python may have nothing else installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+class ServerError(Exception):
+    """The server did not start, did not answer, or could not be asked."""
+
+
+def start(command: str, log_path: Path, env: dict[str, str] | None = None) -> int:
+    """Start `command` detached in its own session, output appended to `log_path`; return its pid.
+
+    `env` is laid over the current environment. The pid is also the process
+    group id, which is what `stop` signals.
+    """
+    if not command.strip():
+        raise ServerError("inference server launch command is empty: set it in the inventory")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
+        process = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            stdin=devnull,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+    return process.pid
+
+
+def base_url(url: str) -> str:
+    """The server's root: ``http://h:p/v1`` and ``http://h:p/`` both give ``http://h:p``."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def is_healthy(url: str, timeout: float = 5.0) -> bool:
+    """True when ``/health`` answers 200, or, on servers without it, ``/v1/models`` does."""
+    root = base_url(url)
+    for path in ("/health", "/v1/models"):
+        try:
+            with urllib.request.urlopen(root + path, timeout=timeout) as response:
+                if response.status == 200:
+                    return True
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                return False
+        except OSError:
+            return False
+    return False
+
+
+def wait_healthy(url: str, timeout: float, pid: int | None = None, log_path: Path | None = None) -> None:
+    """Block until the server at `url` is healthy; raise `ServerError` after `timeout` seconds.
+
+    With `pid`, a server that exits while starting fails at once, with the last
+    line of `log_path` in the message, instead of after the whole timeout.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if is_healthy(url, timeout=min(5.0, timeout)):
+            return
+        if pid is not None and not is_running(pid):
+            raise ServerError(f"inference server (pid {pid}) exited while starting: {_last_line(log_path)}")
+        if time.monotonic() >= deadline:
+            raise ServerError(f"inference server at {url} not healthy after {timeout:.0f}s: {_last_line(log_path)}")
+        time.sleep(0.25)
+
+
+def is_running(pid: int) -> bool:
+    """True while any process of the server's group is alive; zombies do not count."""
+    _reap(pid)
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # NOTE: killpg also succeeds on a group of zombies (a leader whose parent
+    # has not reaped it), so look at the members' states.
+    return _group_has_live_member(pid)
+
+
+def stop(pid: int, grace: float = 15.0) -> None:
+    """End the server's whole process group: SIGTERM, then SIGKILL after `grace` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not is_running(pid):
+                return
+            time.sleep(0.1)
+    raise ServerError(f"inference server process group {pid} survived SIGKILL")
+
+
+def server_info(url: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The server's own configuration (SGLang: its ServerArgs), plus the draft's config when readable.
+
+    SGLang answers ``/server_info`` (newer) or ``/get_server_info`` (older,
+    kept as an alias). The draft's ``config.json`` is read from
+    ``speculative_draft_model_path`` when that is a directory here, which is
+    the case for ``inv check`` running on the GPU host; it carries the
+    auxiliary layer ids that ServerArgs does not.
+    """
+    root = base_url(url)
+    info = None
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            with urllib.request.urlopen(root + path, timeout=timeout) as response:
+                info = json.loads(response.read())
+                break
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise ServerError(f"{root}{path} answered HTTP {exc.code}") from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ServerError(f"cannot read {root}{path}: {exc}") from None
+    if info is None:
+        raise ServerError(f"{root} has no /server_info or /get_server_info: not an SGLang server?")
+    for key, path_key in (("draft_config", "speculative_draft_model_path"), ("target_config", "model_path")):
+        config = _read_config(info.get(path_key))
+        if config is not None:
+            info[key] = config
+    return info
+
+
+def check_server_config(info: dict[str, Any], layers: list[int]) -> list[str]:
+    """Problems in a server's configuration for serving an EAGLE-3 draft fed from `layers`.
+
+    `layers` are auxiliary layer ids as SGLang's draft config counts them
+    (``eagle_config.eagle_aux_hidden_state_layer_ids``): id ``k`` is the output
+    of decoder layer ``k`` (0-based), i.e. ``hidden_states[k + 1]`` of a
+    transformers forward pass. SGLang captures the input of layer ``k + 1``,
+    which is that same tensor.
+    """
+    algorithm = (info.get("speculative_algorithm") or "").upper()
+    draft_path = info.get("speculative_draft_model_path")
+    draft = info.get("draft_config") or {}
+    problems = []
+    if not algorithm:
+        return problems
+    if algorithm == "EAGLE" and (_is_eagle3_draft(draft) or not draft):
+        problems.append(
+            "server runs --speculative-algorithm EAGLE but the draft is EAGLE-3: the draft gets the final hidden "
+            "state instead of the concatenated auxiliary layers; relaunch with --speculative-algorithm EAGLE3"
+        )
+    if algorithm == "EAGLE3":
+        if not draft_path:
+            problems.append("server runs EAGLE3 without --speculative-draft-model-path")
+        served = aux_layers(info)
+        if served is not None and list(served) != list(layers):
+            problems.append(
+                f"server's draft uses auxiliary layers {list(served)} but extraction uses {list(layers)}: "
+                "set eagle_config.eagle_aux_hidden_state_layer_ids in the draft's config.json or stages.extract.layers"
+            )
+    return problems
+
+
+def aux_layers(info: dict[str, Any]) -> list[int] | None:
+    """The auxiliary layer ids the server's EAGLE-3 draft reads, or None when they cannot be known.
+
+    The draft's config wins; without it SGLang captures the outputs of layers
+    ``[1, n // 2 - 1, n - 4]`` of an ``n``-layer target.
+    """
+    draft = info.get("draft_config") or {}
+    ids = (draft.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or draft.get(
+        "eagle_aux_hidden_state_layer_ids"
+    )
+    if ids:
+        return list(ids)
+    if not draft:
+        return None
+    target = info.get("target_config") or {}
+    n = (target.get("text_config") or target).get("num_hidden_layers")
+    return [1, n // 2 - 1, n - 4] if n else None
+
+
+def _is_eagle3_draft(draft: dict[str, Any]) -> bool:
+    architectures = " ".join(draft.get("architectures") or [])
+    return "eagle3" in architectures.lower() or "eagle_config" in draft
+
+
+def _read_config(path: str | None) -> dict[str, Any] | None:
+    if not path:
+        return None
+    try:
+        return json.loads((Path(path) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _reap(pid: int) -> None:
+    """Collect our own child's exit status so it does not linger as a zombie."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _group_has_live_member(pgid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # Fields after the command name: state, ppid, pgrp, ...
+            state, _ppid, pgrp = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == pgid and state != "Z":
+            return True
+    return False
+
+
+def _last_line(log_path: Path | None) -> str:
+    if log_path is None:
+        return "(no log)"
+    try:
+        lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return f"(no log at {log_path})"
+    return lines[-1][:300] if lines else f"(empty log {log_path})"

@@ -1,0 +1,156 @@
+"""The extract stage: the target's hidden states for every tokenised record.
+
+Settings (``stages.extract`` in the inventory, passed in ``AERIE_CONFIG``):
+
+- ``layers``: auxiliary layer ids, SGLang's convention -- id ``i`` is the
+  output of decoder layer ``i``, HF's ``hidden_states[i + 1]``; valid ids are
+  ``0 .. N - 2`` for an N-layer target (see `remote.eagle3.layers`).
+- ``dtype``: the dtype the target runs and the states are stored in.
+- ``batch_size``, ``shard_size``: records per forward pass and per shard.
+- ``draft_config`` (or ``stages.train.draft_config`` when the control plane
+  passes the stages along): the draft the states are for.
+
+From the inventory's shared settings: ``target.model`` (relative to the
+release directory) and ``target.trust_remote_code``.
+
+Before any weights are loaded it refuses a prep output that did not finish,
+layer ids the target does not have, and a feature width (``len(layers) x
+hidden_size``) the draft cannot take. Output: the shard store of
+`remote.eagle3.shards` in ``$AERIE_OUTPUT``, then ``manifest.json``. A restart
+keeps the complete shards and redoes a torn one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from remote.eagle3 import StageInputError
+from remote.eagle3 import draft_config as drafts
+from remote.eagle3.extractor import DTYPES, decoder_of, extract, load_target
+from remote.eagle3.layers import validate_layers
+from remote.eagle3.prep_input import read_manifest, read_records
+from remote.eagle3.shards import ShardStore
+from remote.eagle3.target import TargetShape, best_device, read_shape, target_settings
+from remote.progress import Progress, write_json_atomic
+from remote.stages import StageContext
+
+DEFAULT_LAYERS = [2, 30, 58]
+
+
+@dataclass(frozen=True)
+class ExtractPlan:
+    """Everything checked before the first weight is read."""
+
+    layers: list[int]
+    dtype: str
+    batch_size: int
+    shard_size: int
+    shape: TargetShape
+    trust_remote_code: bool
+    width: int
+    prep: dict[str, Any]
+
+
+def plan(ctx: StageContext) -> ExtractPlan:
+    """Check the settings, the upstream prep output and the widths; no weights are read."""
+    settings = ctx.stage_config
+    layers = _layers(settings.get("layers", DEFAULT_LAYERS))
+    dtype = settings.get("dtype", "bfloat16")
+    if dtype not in DTYPES:
+        raise StageInputError(f"stages.extract.dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    prep = read_manifest(ctx.upstream("prep"))
+    path, trust = target_settings(ctx.shared_config)
+    shape = read_shape(path)
+    validate_layers(layers, shape.num_layers)
+    draft_path = drafts.draft_config_path(settings, ctx.shared_config)
+    draft = drafts.load(draft_path) if draft_path else None
+    source = f"draft config {draft_path}" if draft_path else "an EAGLE-3 draft (3 x hidden)"
+    width = drafts.check_width(layers, shape.hidden_size, draft, source)
+    return ExtractPlan(
+        layers=layers,
+        dtype=dtype,
+        batch_size=int(settings.get("batch_size", 1)),
+        shard_size=int(settings.get("shard_size", 1000)),
+        shape=shape,
+        trust_remote_code=trust,
+        width=width,
+        prep=prep,
+    )
+
+
+def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    checked = plan(ctx)
+    store = ShardStore(ctx.output)
+    ctx.output.mkdir(parents=True, exist_ok=True)
+    fresh = store.use_plan(_fingerprint(checked))
+    if not fresh:
+        progress.note("inputs changed since the last run: starting over")
+    torn = store.remove_torn()
+    if torn:
+        progress.note(f"redoing torn shard(s) {', '.join(torn)}")
+    device = best_device()
+    progress.note(f"loading {checked.shape.path.name} on {device}")
+    model = load_target(checked.shape.path, checked.dtype, checked.trust_remote_code, device)
+    progress.note(f"extracting layers {checked.layers} (width {checked.width})")
+    started = time.time()
+    counts = extract(
+        decoder_of(model),
+        read_records(ctx.upstream("prep")),
+        store,
+        checked.layers,
+        checked.shard_size,
+        checked.batch_size,
+        device,
+        progress,
+    )
+    manifest = {
+        **_fingerprint(checked),
+        "release": ctx.release,
+        "records": counts["written"] + counts["resumed"],
+        "skipped": counts["skipped"],
+        "shards": counts["shards"],
+        "hidden_size": checked.shape.hidden_size,
+        "num_layers": checked.shape.num_layers,
+        "vocab_size": checked.shape.vocab_size,
+        "width": checked.width,
+        "layer_convention": "id i = output of decoder layer i = HF hidden_states[i + 1] (SGLang eagle_aux_hidden_state_layer_ids)",
+        "format": "specforge-offline-ckpt",
+        "seconds": round(time.time() - started, 3),
+    }
+    write_json_atomic(ctx.output / "manifest.json", manifest)
+    progress.note(f"{manifest['records']} records in {counts['shards']} shard(s), {counts['resumed']} resumed")
+    return manifest
+
+
+def _layers(value: Any) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise StageInputError(f"stages.extract.layers {value!r}: expected a list of layer ids, e.g. [2, 30, 58]")
+    return value
+
+
+def _fingerprint(checked: ExtractPlan) -> dict[str, Any]:
+    """What the shards depend on: a change to any of these makes old shards stale."""
+    return {
+        "prep_release": checked.prep.get("release"),
+        "prep_kept": checked.prep.get("kept"),
+        "layers": checked.layers,
+        "dtype": checked.dtype,
+        "shard_size": checked.shard_size,
+        "target": str(checked.shape.path),
+    }
+
+
+def main() -> None:
+    ctx = StageContext.from_env()
+    with Progress.from_env() as progress:
+        try:
+            run(ctx, progress)
+        except StageInputError as exc:
+            progress.note(str(exc))
+            raise SystemExit(f"extract: {exc}")
+
+
+if __name__ == "__main__":
+    main()

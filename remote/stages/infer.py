@@ -1,0 +1,324 @@
+"""The infer stage: the target model answers each prompt that prep wrote.
+
+Reads ``<data>/prep/prompts.jsonl`` (records ``{"id", "conversations"}``
+ending in the user's turn) and writes ``<data>/infer/conversations.jsonl``,
+the same records with the assistant's turn appended (and its
+``reasoning_content`` when the server returns one): a native dataset, which
+prep then tokenises.
+
+Resumable by record id. Answers are appended to ``conversations.jsonl.part``
+and made durable per batch; records the server refuses for good (a 4xx other
+than 408/429, an empty answer) go to ``skipped.jsonl``. A restart reads both,
+asks only for the rest, and the finished file is renamed into place when every
+prompt is answered or skipped. ``.journal.json`` remembers which prompts and
+sampling settings the journal belongs to: new prompts start it over; changed
+sampling settings are refused, so one dataset never mixes two temperatures.
+
+A record that still fails after its retries (server down, 5xx, timeouts) is
+counted under its reason and left for the next run; the job then fails, and
+``inv rerun --failed`` continues it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from remote.infer.client import ChatClient, Result
+from remote.infer.journal import Journal
+from remote.infer.settings import InferSettings, SettingsError
+from remote.progress import Progress, read_json, write_json_atomic
+from remote.stages import StageContext
+
+PROMPTS = "prompts.jsonl"
+OUTPUT = "conversations.jsonl"
+PART = OUTPUT + ".part"
+SKIPPED = "skipped.jsonl"
+STATE = ".journal.json"
+MANIFEST = "manifest.json"
+
+
+class InferError(Exception):
+    """An expected failure, told to the user in one line."""
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """The prep output this run answers."""
+
+    prompts: Path
+    release: str
+    sha256: str
+
+
+def read_upstream(ctx: StageContext) -> Upstream:
+    """The prep job's prompts, refused unless that job finished (it writes its manifest last)."""
+    prep = ctx.upstream("prep")
+    manifest_path, prompts = prep / MANIFEST, prep / PROMPTS
+    relaunch = f"run `inv launch --stage prep --dataset {ctx.dataset}` first"
+    if not manifest_path.exists():
+        raise InferError(f"no prep manifest at {manifest_path}: prep has not finished for {ctx.dataset}; {relaunch}")
+    manifest = read_json(manifest_path)
+    if not isinstance(manifest, dict) or not manifest.get("release"):
+        raise InferError(f"prep manifest {manifest_path} is unreadable or has no release; {relaunch}")
+    if not prompts.exists():
+        raise InferError(
+            f"no {PROMPTS} in {prep}: prep wrote no prompts for {ctx.dataset} "
+            f"(is it kind: prompts in the inventory?); {relaunch}"
+        )
+    return Upstream(prompts, str(manifest["release"]), _sha256(prompts))
+
+
+def open_journal(output: Path, upstream: Upstream, settings: InferSettings, progress: Progress) -> None:
+    """Make `output` hold the journal of these prompts and settings: continued, restored or new."""
+    state = read_json(output / STATE)
+    if state and state.get("prompts_sha256") != upstream.sha256:
+        progress.note("prompts changed since the last run: starting over")
+        state = None
+    if state is None:
+        for name in (PART, SKIPPED, OUTPUT):
+            (output / name).unlink(missing_ok=True)
+    elif state.get("sampling") != settings.sampling():
+        raise InferError(_changed_settings(state.get("sampling") or {}, settings.sampling(), output))
+    # Until the end the output is incomplete: no manifest, and a finished
+    # file from an earlier run becomes the journal again.
+    (output / MANIFEST).unlink(missing_ok=True)
+    if (output / OUTPUT).exists() and not (output / PART).exists():
+        os.replace(output / OUTPUT, output / PART)
+    (output / OUTPUT).unlink(missing_ok=True)
+    write_json_atomic(output / STATE, {"prompts_sha256": upstream.sha256, "sampling": settings.sampling()})
+
+
+def read_prompts(path: Path, progress: Progress) -> Iterator[dict[str, Any]]:
+    """Valid prompt records, each id once; the rest counted as skipped."""
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as file:
+        for line in file:
+            if not line.strip():
+                continue
+            record = _prompt(line)
+            if record is None:
+                progress.skipped("bad prompt record")
+            elif record["id"] in seen:
+                progress.skipped("duplicate id")
+            else:
+                seen.add(record["id"])
+                yield record
+
+
+class InferRun:
+    """One run of the stage over one dataset's prompts."""
+
+    def __init__(self, output: Path, settings: InferSettings, progress: Progress) -> None:
+        self.output = output
+        self.settings = settings
+        self.progress = progress
+        self.client = ChatClient(settings)
+        self.answers = Journal(output / PART)
+        self.refused = Journal(output / SKIPPED)
+        self.done: set[str] = set()
+        self.failed: dict[str, int] = {}
+        self.failed_in_a_row = 0
+        self.totals = {"retries": 0, "truncated": 0, "completion_tokens": 0}
+
+    def resume(self) -> int:
+        """Read what earlier runs finished; return how many records that is."""
+        for record in self.answers.read():
+            self.done.add(record["id"])
+            self.progress.written()
+        for record in self.refused.read():
+            self.done.add(record["id"])
+            self.progress.skipped(record.get("reason", "refused"))
+        return len(self.done)
+
+    def answer_all(self, prompts: Iterator[dict[str, Any]]) -> int:
+        """Answer every prompt not yet done; return how many prompts there are in all."""
+        total = 0
+        window = 2 * self.settings.concurrency
+        pending: set[Future[Result]] = set()
+        with ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="infer") as pool:
+            for record in prompts:
+                total += 1
+                if record["id"] in self.done:
+                    continue
+                if self.is_server_gone():
+                    continue  # still count the prompts, so the message says how many are left
+                pending.add(pool.submit(self.client.answer, record))
+                if len(pending) >= window:
+                    pending = self.collect(pending, FIRST_COMPLETED)
+            self.collect(pending, ALL_COMPLETED)
+        return total
+
+    def collect(self, pending: set[Future[Result]], until: str) -> set[Future[Result]]:
+        """Record the finished requests as one durable batch; return those still running."""
+        finished, pending = wait(pending, return_when=until)
+        answered, refused = [], []
+        for result in (future.result() for future in finished):
+            self.totals["retries"] += result.retries
+            if result.answer is not None and (result.answer.content or result.answer.reasoning_content):
+                answered.append(result)
+            elif result.answer is not None:
+                refused.append({"id": result.record["id"], "reason": "empty answer"})
+            elif result.failure is not None and not result.failure.retryable:
+                refused.append({"id": result.record["id"], "reason": result.failure.reason})
+            else:
+                self.fail(result)
+        self.answers.append([_conversation(r) for r in answered])
+        self.refused.append(refused)
+        self.count(answered, refused)
+        return pending
+
+    def fail(self, result: Result) -> None:
+        reason = result.failure.reason if result.failure else "no answer"
+        self.failed[reason] = self.failed.get(reason, 0) + 1
+        self.failed_in_a_row += 1
+        self.progress.skipped(reason)
+
+    def count(self, answered: list[Result], refused: list[dict[str, Any]]) -> None:
+        """Counters move only after the batch is on disk, so they never exceed the journal."""
+        for result in answered:
+            self.done.add(result.record["id"])
+            self.totals["truncated"] += result.answer.finish_reason == "length"
+            self.totals["completion_tokens"] += result.answer.completion_tokens
+            self.progress.written()
+        for record in refused:
+            self.done.add(record["id"])
+            self.progress.skipped(record["reason"])
+        if answered:
+            self.failed_in_a_row = 0
+        self.progress.metrics(**self.totals)
+
+    def is_server_gone(self) -> bool:
+        """True after so many records in a row failed that the server must be down.
+
+        NOTE: without this, a dead server would cost every remaining record its
+        full retry budget (hours for 88k records) before the job could fail.
+        """
+        return self.failed_in_a_row >= max(8, 2 * self.settings.concurrency)
+
+    def close(self) -> None:
+        self.answers.close()
+        self.refused.close()
+
+
+def finish(output: Path, ctx: StageContext, upstream: Upstream, settings: InferSettings, run: InferRun) -> None:
+    """Rename the journal into the finished file and write the manifest last."""
+    run.close()
+    (output / PART).touch()
+    os.replace(output / PART, output / OUTPUT)
+    write_json_atomic(
+        output / MANIFEST,
+        {
+            "release": ctx.release,
+            "dataset": ctx.dataset,
+            "upstream": {"stage": "prep", "release": upstream.release, "prompts_sha256": upstream.sha256},
+            "records": run.progress.records,
+            "skip_reasons": dict(run.progress.skip_reasons),
+            "server_url": settings.server_url,
+            "sampling": settings.sampling(),
+            "finished_at": time.time(),
+        },
+    )
+
+
+def check_reachable(settings: InferSettings) -> None:
+    """Fail at once, in one line, when nothing answers at the server's address.
+
+    NOTE: any HTTP answer will do (even a 404): the point is to tell "no server"
+    from "a server that fails some requests", which the retries handle.
+    """
+    url = settings.server_url.rstrip("/") + "/models"
+    try:
+        urllib.request.urlopen(url, timeout=min(settings.timeout, 30)).close()
+    except urllib.error.HTTPError:
+        return
+    except OSError as exc:
+        reason = getattr(exc, "reason", exc)
+        raise InferError(
+            f"no inference server answers at {settings.server_url} ({reason}): start it, "
+            "or fix stages.infer.server_url in the inventory"
+        ) from None
+
+
+def run_stage(ctx: StageContext, progress: Progress) -> None:
+    """The whole stage; raises `InferError` for anything the user must act on."""
+    try:
+        settings = InferSettings.from_config(ctx.stage_config)
+    except (SettingsError, TypeError) as exc:
+        raise InferError(str(exc)) from None
+    upstream = read_upstream(ctx)
+    check_reachable(settings)
+    ctx.output.mkdir(parents=True, exist_ok=True)
+    open_journal(ctx.output, upstream, settings, progress)
+    run = InferRun(ctx.output, settings, progress)
+    try:
+        before = run.resume()
+        progress.note(f"answering prompts from {settings.server_url} ({before} done before)")
+        total = run.answer_all(read_prompts(upstream.prompts, progress))
+    finally:
+        run.close()
+    left = total - len(run.done)
+    if left:
+        why = ", ".join(f"{reason}: {n}" for reason, n in sorted(run.failed.items()))
+        raise InferError(
+            f"{left} of {total} prompts not answered ({why or 'stopped early'}) by {settings.server_url}; "
+            "check the server, then `inv rerun --failed` continues where this stopped"
+        )
+    finish(ctx.output, ctx, upstream, settings, run)
+    progress.note(f"answered {progress.records} of {total} prompts")
+
+
+def main() -> None:
+    ctx = StageContext.from_env()
+    with Progress.from_env() as progress:
+        try:
+            run_stage(ctx, progress)
+        except InferError as exc:
+            progress.note(str(exc))
+            raise SystemExit(f"infer: {exc}") from None
+
+
+def _conversation(result: Result) -> dict[str, Any]:
+    return {"id": result.record["id"], "conversations": [*result.record["conversations"], result.answer.turn()]}
+
+
+def _prompt(line: str) -> dict[str, Any] | None:
+    """A prompt record with an id and a non-empty list of turns, or None."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("id") in (None, ""):
+        return None
+    turns = record.get("conversations")
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, dict) and "role" in t for t in turns):
+        return None
+    return {"id": str(record["id"]), "conversations": turns}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _changed_settings(before: dict[str, Any], now: dict[str, Any], output: Path) -> str:
+    changed = ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in now if before.get(k) != now.get(k))
+    return (
+        f"stages.infer settings changed since this dataset's answers were started ({changed}); "
+        f"restore them, or delete {output} to answer all prompts again"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""The train stage: an EAGLE-3 draft from the extract stage's hidden states.
+
+Settings (``stages.train``):
+
+- ``engine``: ``aerie`` (this module, plain torch) or ``specforge``
+  (`remote.eagle3.specforge` builds SpecForge's command instead).
+- ``draft_vocab_size``: the reduced vocabulary (the most frequent trained
+  tokens; capped at the target's vocabulary).
+- ``epochs``, ``learning_rate``, ``batch_size``, ``ttt_steps``: the training.
+- ``draft_config``: a draft ``config.json`` to train (e.g. SpecForge's
+  ``kimi-k25-eagle3.json``); without one the draft is shaped after the target.
+- ``max_length`` (default 2048): tokens per record used in training.
+
+From the shared settings: ``target.model``
+(the embeddings and the lm_head are read from its safetensors files).
+
+Input: ``$AERIE_DATA/extract`` with its ``manifest.json``; refused when
+missing (extract did not succeed) or when its width does not fit the draft.
+Output: ``$AERIE_OUTPUT/draft/`` (SGLang's ``--speculative-draft-model-path``),
+rewritten atomically after every epoch, and ``$AERIE_OUTPUT/manifest.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from remote.eagle3 import StageInputError
+from remote.eagle3 import draft_config as drafts
+from remote.eagle3 import specforge
+from remote.eagle3.shards import ShardStore, load_sample
+from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
+from remote.progress import Progress, write_json_atomic
+from remote.stages import StageContext
+
+ENGINES = ("aerie", "specforge")
+
+
+def read_extract_manifest(extract_dir: Path) -> dict[str, Any]:
+    """The extract stage's manifest, refused when extract did not finish or predates its fields."""
+    path = extract_dir / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StageInputError(f"no extract manifest at {path}: extract has not succeeded for this dataset; run it first")
+    except json.JSONDecodeError:
+        raise StageInputError(f"extract manifest {path} is unreadable: rerun extract")
+    missing = [k for k in ("release", "layers", "hidden_size", "width") if k not in manifest]
+    if missing:
+        raise StageInputError(f"extract manifest {path} lacks {', '.join(missing)}: it comes from an older aerie; rerun extract")
+    return manifest
+
+
+def draft_for(ctx: StageContext, extracted: dict[str, Any], vocab_size: int, target_config: dict[str, Any]) -> dict[str, Any]:
+    """The draft's config, checked against the width the extraction wrote."""
+    settings = ctx.stage_config
+    layers = list(extracted["layers"])
+    draft_vocab = min(int(settings.get("draft_vocab_size", 32000)), vocab_size)
+    path = drafts.draft_config_path(settings, ctx.shared_config)
+    if path is None:
+        config = drafts.build(target_config, layers, draft_vocab)
+        source = "the draft config built from the target"
+    else:
+        config = drafts.finalize(drafts.load(path), layers, vocab_size, draft_vocab)
+        source = f"draft config {path}"
+    if drafts.expected_width(config) != int(extracted["width"]):
+        raise StageInputError(
+            f"feature width mismatch: the extracted states are {extracted['width']} wide "
+            f"(layers {layers} x hidden {extracted['hidden_size']}) but {source} expects {drafts.expected_width(config)}; "
+            "rerun extract with the draft's layers or fix the draft config"
+        )
+    drafts.check_width(layers, int(extracted["hidden_size"]), config, source)
+    return config
+
+
+def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    settings = ctx.stage_config
+    engine = settings.get("engine", "aerie")
+    if engine not in ENGINES:
+        raise StageInputError(f"stages.train.engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    extract_dir = ctx.upstream("extract")
+    extracted = read_extract_manifest(extract_dir)
+    if engine == "specforge":
+        return run_specforge(ctx, extracted, progress)
+    path, _ = target_settings(ctx.shared_config)
+    shape = read_shape(path)
+    if shape.hidden_size != int(extracted["hidden_size"]):
+        raise StageInputError(
+            f"target.model {path} has hidden size {shape.hidden_size} but the extracted states have {extracted['hidden_size']}: "
+            "the target changed since extract ran; rerun extract"
+        )
+    config = draft_for(ctx, extracted, shape.vocab_size, read_config(path))
+    files = ShardStore(extract_dir).sample_files()
+    if not files:
+        raise StageInputError(f"no extracted samples in {extract_dir}: extract wrote no records; check its skip reasons")
+
+    # NOTE: torch is imported only once the inputs are known good, so a refusal is instant.
+    import torch
+
+    from remote.eagle3 import checkpoint
+    from remote.eagle3.model import Eagle3Draft
+    from remote.eagle3.trainer import train
+    from remote.eagle3.vocab import build_mapping, token_counts
+
+    progress.note(f"counting tokens of {len(files)} records")
+    d2t, t2d = build_mapping(token_counts(_each(files, progress), shape.vocab_size), config["draft_vocab_size"])
+    device = torch.device(best_device())
+    embed, head = read_embed_and_head(shape)
+    draft = Eagle3Draft(config)
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(embed.float())
+        draft.d2t.copy_(d2t)
+        draft.t2d.copy_(t2d)
+        # NOTE: a warm start: the draft's head begins as the target's rows for the kept tokens.
+        draft.lm_head.weight.copy_(head.float()[t2d])
+    draft.to(device)
+    head = head.to(device)
+
+    out_dir = ctx.output / "draft"
+    history: list[dict[str, Any]] = []
+    epochs = int(settings.get("epochs", 1))
+
+    def on_step(step: int, loss: float, accuracies: list[float], records: int) -> None:
+        values = {f"acc_{k}": round(a, 4) for k, a in enumerate(accuracies)}
+        progress.metrics(step=step, loss=round(loss, 5), **values)
+        history.append({"step": step, "loss": loss, **values})
+        if records:
+            progress.written(records)
+
+    def on_epoch(epoch: int) -> None:
+        checkpoint.save(draft, out_dir, {"epoch": epoch, "extract_release": extracted["release"], "release": ctx.release})
+        progress.note(f"epoch {epoch}/{epochs} saved to {out_dir}")
+
+    started = time.time()
+    train(
+        draft,
+        head,
+        files,
+        load_sample,
+        epochs=epochs,
+        batch_size=int(settings.get("batch_size", 1)),
+        learning_rate=float(settings.get("learning_rate", 1e-4)),
+        steps=int(settings.get("ttt_steps", 7)),
+        max_length=int(settings.get("max_length", 2048)),
+        on_step=on_step,
+        on_epoch=on_epoch,
+    )
+    manifest = {
+        "release": ctx.release,
+        "engine": "aerie",
+        "draft": str(out_dir),
+        "records": len(files),
+        "epochs": epochs,
+        "steps": len(history),
+        "first_loss": history[0]["loss"],
+        "last_loss": history[-1]["loss"],
+        "draft_vocab_size": config["draft_vocab_size"],
+        "layers": extracted["layers"],
+        "seconds": round(time.time() - started, 3),
+    }
+    write_json_atomic(ctx.output / "manifest.json", manifest)
+    write_json_atomic(ctx.output / "history.json", history)
+    return manifest
+
+
+def run_specforge(ctx: StageContext, extracted: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Hand the extracted states to SpecForge's trainer and wait for it."""
+    settings = ctx.stage_config
+    extra = specforge.settings(settings)
+    path, _ = target_settings(ctx.shared_config)
+    draft_path = drafts.draft_config_path(settings, ctx.shared_config)
+    drafts.check_width(list(extracted["layers"]), int(extracted["hidden_size"]), drafts.load(draft_path), f"draft config {draft_path}")
+    job = specforge.SpecForgeRun(
+        specforge_dir=extra["specforge_dir"],
+        target_model=path,
+        draft_config=draft_path,
+        train_data=_conversations(ctx),
+        hidden_states=ctx.upstream("extract"),
+        output=ctx.output,
+        epochs=int(settings.get("epochs", 1)),
+        batch_size=int(settings.get("batch_size", 1)),
+        learning_rate=float(settings.get("learning_rate", 1e-4)),
+        max_length=extra["max_length"],
+        chat_template=extra["chat_template"],
+        ttt_steps=int(settings.get("ttt_steps", 7)),
+        nproc=extra["nproc"],
+    )
+    specforge.check_installed(job)
+    argv = specforge.command(job)
+    progress.note("running SpecForge: " + " ".join(argv[:5]) + " ...")
+    code = subprocess.call(argv)
+    if code != 0:
+        raise SystemExit(f"train: SpecForge's trainer exited with {code}; see the log above")
+    progress.written(int(extracted.get("records", 0)))
+    manifest = {"release": ctx.release, "engine": "specforge", "command": argv, "output": str(ctx.output)}
+    write_json_atomic(ctx.output / "manifest.json", manifest)
+    return manifest
+
+
+def _conversations(ctx: StageContext) -> Path:
+    """The conversations SpecForge reads: the setting, else prep's conversations.jsonl."""
+    given = ctx.stage_config.get("specforge_train_data")
+    path = Path(given).expanduser() if given else ctx.upstream("prep") / "conversations.jsonl"
+    if not path.is_file():
+        raise StageInputError(f"engine specforge: no conversations at {path}; set stages.train.specforge_train_data to a JSONL file")
+    return path
+
+
+def _each(files: list[Path], progress: Progress):
+    for path in files:
+        progress.beat()
+        # NOTE: memory-mapped: counting reads the token ids, not the hidden states.
+        yield load_sample(path, mmap=True)
+
+
+def main() -> None:
+    ctx = StageContext.from_env()
+    with Progress.from_env() as progress:
+        try:
+            run(ctx, progress)
+        except StageInputError as exc:
+            progress.note(str(exc))
+            raise SystemExit(f"train: {exc}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""The train stage: a draft that learns, checkpoints SGLang loads, refusals, SpecForge's command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from remote.eagle3 import StageInputError, checkpoint, specforge
+from remote.eagle3.model import Eagle3Draft
+from remote.eagle3.shards import ShardStore, load_sample
+from remote.eagle3.target import read_embed_and_head, read_shape
+from remote.eagle3.trainer import train
+from remote.eagle3.vocab import build_mapping
+from remote.progress import Progress
+from remote.stages import train as train_stage
+from tests.pipeline_fixtures import TINY_LAYERS, context, extracted, read_progress, run_stage, stage_env, tiny_target
+
+__all__ = ["extracted", "tiny_target"]  # fixtures used below
+
+TRAIN_SETTINGS = {"draft_vocab_size": 200, "epochs": 6, "batch_size": 2, "learning_rate": 3e-3, "ttt_steps": 3}
+
+
+@pytest.fixture(scope="module")
+def trained(extracted: dict, tiny_target: Path) -> dict:
+    """The train stage, run once as a subprocess on the extracted states."""
+    root = extracted["root"]
+    env = stage_env(root, "train", TRAIN_SETTINGS, {"target": {"model": str(tiny_target)}})
+    result = run_stage("train", env)
+    assert result.returncode == 0, result.stderr
+    return {"env": env, "output": Path(env["AERIE_OUTPUT"])}
+
+
+def test_a_tiny_training_run_lowers_the_loss_and_reports_every_step(trained: dict) -> None:
+    history = json.loads((trained["output"] / "history.json").read_text())
+    losses = [h["loss"] for h in history]
+    assert len(history) == 6 * 5  # 6 epochs of 10 records in batches of 2
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+    progress = read_progress(trained["env"])
+    assert progress["records"] == 10
+    assert progress["metrics"]["step"] == 30
+    assert set(progress["metrics"]) >= {"loss", "acc_0", "acc_1", "acc_2"}
+    assert history[-1]["acc_0"] > history[0]["acc_0"]
+
+
+def test_the_checkpoint_has_the_config_and_weight_names_sglang_loads(trained: dict, tiny_target: Path) -> None:
+    from safetensors import safe_open
+
+    draft = trained["output"] / "draft"
+    config = json.loads((draft / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["draft_vocab_size"] == 200 and config["vocab_size"] == 785
+    assert config["target_hidden_size"] == 64 and config["hidden_size"] == 64
+    assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": TINY_LAYERS, "use_aux_hidden_state": True}
+    assert config["tie_word_embeddings"] is False and config["num_hidden_layers"] == 1
+    with safe_open(str(draft / "model.safetensors"), framework="pt") as weights:
+        tensors = {name: weights.get_tensor(name) for name in weights.keys()}
+    proj = [f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"] + [f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
+    norms = [f"midlayer.{n}.weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")]
+    assert set(tensors) == {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", *proj, *norms}
+    assert tensors["fc.weight"].shape == (64, 3 * 64)
+    assert tensors["midlayer.self_attn.q_proj.weight"].shape == (64, 2 * 64)  # attention reads 2H
+    assert tensors["lm_head.weight"].shape == (200, 64)
+    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+    # SGLang: hot_token_id = d2t + arange(draft_vocab_size), the kept target ids.
+    hot = tensors["d2t"] + torch.arange(200)
+    assert torch.equal(torch.nonzero(tensors["t2d"]).flatten(), hot)
+
+
+def test_a_saved_draft_reloads_with_identical_outputs(extracted: dict, tiny_target: Path, tmp_path: Path) -> None:
+    shape = read_shape(tiny_target)
+    embed, head = read_embed_and_head(shape)
+    config = json.loads((tiny_target / "config.json").read_text())
+    from remote.eagle3 import draft_config
+
+    draft = Eagle3Draft(draft_config.build(config, TINY_LAYERS, 100))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(embed)
+        d2t, t2d = build_mapping(torch.arange(785, 0, -1), 100)
+        draft.d2t.copy_(d2t)
+        draft.t2d.copy_(t2d)
+    files = ShardStore(Path(extracted["env"]["AERIE_OUTPUT"])).sample_files()[:4]
+    train(draft, head, files, load_sample, epochs=1, batch_size=2, learning_rate=1e-3, steps=2, max_length=64,
+          on_step=lambda *a: None, on_epoch=lambda e: None)  # fmt: skip
+
+    reloaded = checkpoint.load(checkpoint.save(draft, tmp_path / "draft"), embed)
+
+    sample = load_sample(files[0])
+    with torch.no_grad():
+        before = draft(sample["input_ids"][None], sample["aux_hidden_state"], steps=3)
+        after = reloaded(sample["input_ids"][None], sample["aux_hidden_state"], steps=3)
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert torch.equal(reloaded.d2t, draft.d2t) and torch.equal(reloaded.t2d, draft.t2d)
+
+
+def test_step_zero_never_looks_at_later_tokens(tiny_target: Path) -> None:
+    from remote.eagle3 import draft_config
+
+    config = json.loads((tiny_target / "config.json").read_text())
+    torch.manual_seed(0)
+    draft = Eagle3Draft(draft_config.build(config, TINY_LAYERS, 50)).eval()
+    ids = torch.randint(0, 785, (1, 12))
+    aux = torch.randn(1, 12, 192)
+    changed_ids, changed_aux = ids.clone(), aux.clone()
+    changed_ids[0, 9:] = 1
+    changed_aux[0, 8:] = 0
+    with torch.no_grad():
+        first = draft(ids, aux, steps=2)
+        second = draft(changed_ids, changed_aux, steps=2)
+    # Step k at position t reads token t+k+1: positions up to 7 see none of the changes in either step.
+    assert torch.allclose(first[0][0, :8], second[0][0, :8]) and torch.allclose(first[1][0, :7], second[1][0, :7])
+    assert not torch.allclose(first[0][0, 8], second[0][0, 8])
+
+
+def test_the_draft_vocabulary_keeps_the_most_frequent_tokens_in_id_order() -> None:
+    counts = torch.tensor([5, 0, 9, 9, 1, 7])
+
+    d2t, t2d = build_mapping(counts, 3)
+
+    assert t2d.tolist() == [False, False, True, True, False, True]
+    assert (d2t + torch.arange(3)).tolist() == [2, 3, 5]
+
+
+def test_train_refuses_states_narrower_than_the_draft_expects(tmp_path: Path, tiny_target: Path) -> None:
+    extract_dir = tmp_path / "data" / "A1" / "extract"
+    extract_dir.mkdir(parents=True)
+    (extract_dir / "manifest.json").write_text(json.dumps({"release": "r", "layers": [2], "hidden_size": 64, "width": 64}))
+    env = stage_env(tmp_path, "train", {}, {"target": {"model": str(tiny_target)}})
+
+    with pytest.raises(StageInputError, match=r"states are 64 wide .* expects 192"):
+        train_stage.run(context(env), Progress())
+
+
+def test_train_refuses_when_extract_has_not_succeeded(tmp_path: Path, tiny_target: Path) -> None:
+    env = stage_env(tmp_path, "train", {}, {"target": {"model": str(tiny_target)}})
+
+    result = run_stage("train", env)
+
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "extract has not succeeded" in result.stderr.strip()
+
+
+def test_the_specforge_engine_builds_specforge_s_offline_training_command(tmp_path: Path) -> None:
+    job = specforge.SpecForgeRun(
+        specforge_dir=Path("/opt/SpecForge"), target_model=Path("/m/kimi"), draft_config=Path("/c/kimi-k25-eagle3.json"),
+        train_data=Path("/d/a1.jsonl"), hidden_states=Path("/r/data/A1/extract"), output=Path("/r/data/A1/train"),
+        epochs=2, batch_size=1, learning_rate=1e-4, max_length=4096, chat_template="kimi_k2", ttt_steps=7, nproc=8,
+    )  # fmt: skip
+
+    argv = specforge.command(job)
+
+    assert argv[:5] == ["torchrun", "--standalone", "--nproc_per_node", "8", "/opt/SpecForge/scripts/train_eagle3.py"]
+    pairs = dict(zip(argv[5::2], argv[6::2]))
+    assert pairs["--train-hidden-states-path"] == "/r/data/A1/extract"
+    assert pairs["--draft-model-config"] == "/c/kimi-k25-eagle3.json"
+    assert pairs["--ttt-length"] == "7" and pairs["--num-epochs"] == "2" and pairs["--chat-template"] == "kimi_k2"
+
+
+def test_the_specforge_engine_says_how_to_install_specforge_when_it_is_missing(extracted: dict, tiny_target: Path, tmp_path: Path) -> None:
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps({"hidden_size": 64}))
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    settings = {"engine": "specforge", "specforge_dir": str(tmp_path / "nowhere"), "draft_config": str(draft), "specforge_train_data": str(tmp_path / "a.jsonl")}
+    env = stage_env(extracted["root"], "train", settings, {"target": {"model": str(tiny_target)}}, dataset="A1")
+    env["AERIE_OUTPUT"] = str(tmp_path / "out")
+
+    with pytest.raises(StageInputError, match="SpecForge is not installed: no scripts/train_eagle3.py under .*nowhere"):
+        train_stage.run(context(env), Progress())
