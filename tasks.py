@@ -78,5 +78,32 @@ def trust(c: Context, inventory: str | None = None, fingerprint: str | None = No
     control.trust(load(inventory_name(c, inventory)), console(), fingerprint, yes)
 
 
-ns = Collection(deploy, launch, status, rerun, logs, stop, trust)
+@task(help={"dataset": DATASET, "inventory": INVENTORY, "follow": "show the table until the pipeline ends"})
+def run(c: Context, dataset: str | None = None, inventory: str | None = None, follow: bool = False) -> None:
+    """Start the whole pipeline (prep, infer, tokenize, extract, train) under a runner on the host."""
+    with control.session(inventory_name(c, inventory)) as host:
+        control.run(host, console(), control.split(dataset))
+        if follow and control.status_view.any_bad(control.follow(host, console())):
+            raise Exit(code=1)
+
+
+@task(help={"inventory": INVENTORY})
+def check(c: Context, inventory: str | None = None) -> None:
+    """Check the host: Python and packages, GPUs, free disk for the hidden states, the server's flags."""
+    with control.session(inventory_name(c, inventory)) as host:
+        results = control.check(host, console())
+    if not all(r["ok"] for r in results):
+        raise Exit(code=1)
+
+
+@task
+def demo(c: Context) -> None:
+    """Run the whole pipeline on the embedded `local` inventory with a tiny model built offline."""
+    with control.session("local") as host:
+        state = control.demo(host, console())
+    if control.status_view.any_bad(state):
+        raise Exit("aerie: the demo did not finish cleanly; see the table above and `inv logs`", code=1)
+
+
+ns = Collection(deploy, launch, status, rerun, logs, stop, trust, run, check, demo)
 ns.configure({"inventory": "local"})

@@ -23,8 +23,10 @@ def task(*args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], invoke.Tas
             except AerieError as exc:
                 raise Exit(f"aerie: {exc}", code=2) from None
 
-        return invoke.task(*args, **kwargs)(run)
+        return invoke.task(**kwargs)(run)
 
+    if len(args) == 1 and callable(args[0]) and not kwargs:  # bare @task
+        return decorate(args[0])
     return decorate
 
 

@@ -10,14 +10,19 @@ from contextlib import contextmanager
 
 from rich.console import Console
 from rich.live import Live
+from rich.table import Table
+from rich.text import Text
 
 from local import deploy as deploying
-from local import jobs, status_view, trust as trusting
+from local import jobs, pipeline, status_view, trust as trusting
 from local.errors import AerieError
 from local.host import RemoteHost
 from local.inventory import Inventory, load
 from local.transport import SshTransport
-from remote.states import BAD
+from remote.states import BAD, JobState
+
+
+LISTED = 12  # paths a deploy lists before it summarises (a dry run lists all)
 
 
 @contextmanager
@@ -44,9 +49,14 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False, checks: tu
     if plan.is_noop:
         console.print(f"Nothing to deploy: {where} runs release {plan.base}, identical to this checkout.")
         return plan.base
-    for label, paths, style in (("add", plan.added, "green"), ("change", plan.changed, "yellow"), ("remove", plan.removed, "red")):
-        for path in paths:
-            console.print(f"  [{style}]{label:<6}[/] {path}")
+    listed = [(label, path, style) for label, paths, style in
+              (("add", plan.added, "green"), ("change", plan.changed, "yellow"), ("remove", plan.removed, "red"))
+              for path in paths]
+    shown = listed if dry_run else listed[:LISTED]
+    for label, path, style in shown:
+        console.print(f"  [{style}]{label:<6}[/] {path}")
+    if len(shown) < len(listed):
+        console.print(f"  ... and {len(listed) - len(shown)} more (`inv deploy --dry-run` lists all)")
     summary = f"{len(plan.added)} added, {len(plan.changed)} changed, {len(plan.removed)} removed"
     if dry_run:
         console.print(f"Dry run: would deploy {summary} to {where} (now {plan.base or 'nothing'}).")
@@ -77,6 +87,53 @@ def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages
     if not relaunched:
         console.print("Nothing to rerun: no job is failed, died, empty or stalled.")
     return relaunched
+
+
+def run(host: RemoteHost, console: Console, datasets: list[str] | None) -> dict[str, Any]:
+    """Start the pipeline runner on the host: one remote command."""
+    spec = pipeline.runner_spec(host.inventory, datasets)
+    result = host.call("launch", specs=[spec])[0]
+    if not result["launched"]:
+        raise AerieError(f"the pipeline is {result['reason'].replace('already running', 'already running on ' + host.name)}: "
+                         "watch it with `inv status --watch`, or `inv stop -d pipeline` first")
+    console.print(f"pipeline started on {host.name} (runner pid {result['pid']}): "
+                  f"{len(spec['config']['stage']['plan'])} jobs; `inv status --watch` follows it")
+    return result
+
+
+def follow(host: RemoteHost, console: Console, interval: float = 2.0) -> dict[str, Any]:
+    """Refresh the table until the pipeline runner has ended; its final state."""
+    with Live(console=console, auto_refresh=False) as live:
+        while True:
+            state = host.call("status")
+            live.update(status_view.render(state, title=f"{host.name}:{host.root}"), refresh=True)
+            runner = next((j for j in state["jobs"] if (j["dataset"], j["stage"]) == ("pipeline", "run")), None)
+            if runner and JobState(runner["state"]).is_terminal():
+                return state
+            time.sleep(interval)
+
+
+def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
+    inventory = host.inventory
+    results = host.call("check", layers=inventory.stages.extract.layers, datasets=list(inventory.datasets),
+                        model=jobs.on_host(inventory.target.model_dump(), host.root)["model"],
+                        server_url=inventory.stages.infer.server_url)
+    table = Table(title=f"checks on {host.name}", title_justify="left")
+    for header in ("check", "", "detail"):
+        table.add_column(header)
+    for result in results:
+        table.add_row(result["name"], Text("ok", "green") if result["ok"] else Text("FAIL", "bold red"), result["detail"])
+    console.print(table)
+    return results
+
+
+def demo(host: RemoteHost, console: Console) -> dict[str, Any]:
+    """The whole pipeline on the embedded `local` inventory, with a tiny target built offline."""
+    deploy(host, console)
+    built = host.call("assets")
+    console.print(f"{'built' if built['built'] else 'reusing'} the tiny target in {built['path']}")
+    run(host, console, None)
+    return follow(host, console)  # its last frame stays on the screen
 
 
 def report(console: Console, results: list[dict[str, Any]], verb: str) -> None:
@@ -113,7 +170,8 @@ def _watch(host: RemoteHost, console: Console, interval: float) -> dict[str, Any
 
 
 def logs(host: RemoteHost, dataset: str, stage: str | None, lines: int, follow: bool) -> None:
-    host.inventory.select([dataset])
+    if dataset not in (pipeline.DRAFT, pipeline.RUNNER):  # the jobs of `inv run` that no dataset names
+        host.inventory.select([dataset])
     host.stream("logs", sys.stdout.buffer, dataset=dataset, stage=stage, lines=lines, follow=follow)
 
 

@@ -32,7 +32,7 @@ class RemoteHost:
         current = shlex.quote(f"{self.root}/current")
         payload = shlex.quote(json.dumps({"root": self.root, **args}))
         return (f"[ -d {current} ] || exit {NOT_DEPLOYED}; cd {current} && "
-                f"PYTHONPATH=. exec {self.python} -m remote {verb} {payload}")
+                f"PYTHONPATH=.${{PYTHONPATH:+:$PYTHONPATH}} exec {self.python} -m remote {verb} {payload}")
 
     def call(self, verb: str, **args: Any) -> Any:
         """One remote command; its payload, or an `AerieError` with the host's reason."""

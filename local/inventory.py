@@ -72,6 +72,10 @@ class Infer(Stage):
     temperature: float = 0.7
     top_p: float = 1.0
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    backoff: float = Field(1.0, ge=0, description="first retry delay in seconds; doubles, with jitter")
+    server_command: str | None = Field(None, description="starts the inference server; None: managed outside aerie")
+    server_start_timeout: float = Field(1800.0, gt=0)
+    server_env: dict[str, str] = Field(default_factory=dict)
 
 
 class Extract(Stage):
@@ -79,6 +83,7 @@ class Extract(Stage):
     batch_size: int = Field(1, ge=1)
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     shard_size: int = Field(1000, ge=1)
+    draft_config: str | None = Field(None, description="the draft's config.json, to check widths against")
 
 
 class Train(Stage):
@@ -88,7 +93,12 @@ class Train(Stage):
     learning_rate: float = Field(1e-4, gt=0)
     batch_size: int = Field(1, ge=1)
     ttt_steps: int = Field(7, ge=1)
+    max_length: int = Field(2048, ge=8)
     draft_config: str | None = None
+    specforge_dir: str | None = None
+    specforge_train_data: str | None = None
+    chat_template: str = "kimi_k2"
+    nproc: int = Field(1, ge=1)
 
 
 class Stages(Strict):
@@ -162,8 +172,10 @@ def load(name_or_path: str) -> Inventory:
         raise AerieError(f"{path}: " + "; ".join(_describe(e) for e in exc.errors()))
     inventory.path = path
     if inventory.backend == "local":
-        # The embedded default keeps its root inside the checkout (git-ignored).
+        # Relative paths of this machine are the checkout's: the root (git-ignored), the venv.
         inventory.host.root = str((REPO / inventory.host.root).resolve())
+        if "/" in inventory.host.python and not Path(inventory.host.python).is_absolute():
+            inventory.host.python = str(REPO / inventory.host.python)
     return inventory
 
 

@@ -19,8 +19,8 @@ def spec(inventory: Inventory, dataset: str, stage: str) -> dict[str, Any]:
         "stall_after": settings.stall_after,
         "config": {
             "dataset": entry.model_dump(),
-            "stage": settings.model_dump(exclude={"command", "stall_after"}),
-            "inventory": {"target": _on_host(inventory.target.model_dump(), inventory.host.root)},
+            "stage": on_host(settings.model_dump(exclude={"command", "stall_after"}), inventory.host.root),
+            "inventory": {"target": on_host(inventory.target.model_dump(), inventory.host.root)},
         },
     }
 
@@ -38,6 +38,6 @@ def all_specs(inventory: Inventory) -> dict[str, dict[str, Any]]:
     }
 
 
-def _on_host(settings: dict[str, Any], root: str) -> dict[str, Any]:
+def on_host(settings: dict[str, Any], root: str) -> dict[str, Any]:
     """`{root}` in a path setting means the host's root (e.g. assets built there by `inv demo`)."""
     return {k: v.replace("{root}", root) if isinstance(v, str) else v for k, v in settings.items()}

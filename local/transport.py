@@ -150,6 +150,13 @@ class SshTransport:
         return f"{where}: cannot connect: {exc}"
 
     def run(self, command: str, stdin: bytes | None = None, stream: BinaryIO | None = None) -> Result:
+        try:
+            return self._run(command, stdin, stream)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise AerieError(f"{self.name}: the SSH connection was lost ({exc or type(exc).__name__}); "
+                             "jobs on the host keep running: `inv status` reconnects") from None
+
+    def _run(self, command: str, stdin: bytes | None, stream: BinaryIO | None) -> Result:
         # A bare channel rather than Connection.run: binary stdin and no per-command overhead.
         channel = self.connection().transport.open_session()
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, Callable
 
 from remote import jobs
 from remote.jobs import HostError
+from remote.progress import read_json
 from remote.states import BAD, JobState
 from remote.wire import emit
 
@@ -38,16 +40,52 @@ def launch(args: dict[str, Any]) -> Any:
 
 
 def rerun(args: dict[str, Any]) -> Any:
-    """Relaunch the jobs in a bad state, each with the workstation's fresh spec if it sent one."""
+    """Relaunch the jobs in a bad state, each with the workstation's fresh spec if it sent one.
+
+    Jobs of an `inv run` pipeline are not relaunched one by one: the pipeline runner is,
+    resumed, so that dependencies and the GPU's exclusivity still hold.
+    """
     root = Path(args["root"])
     only = {JobState(s) for s in args.get("states", [s.value for s in BAD])}
     fresh = args.get("specs", {})
+    selected = [d for d in jobs.all_job_dirs(root) if _selected(args, d.parent.name, d.name)]
+    planned = pipeline_keys(root)
+    bad_planned = [d for d in selected if _key(d) in planned and _is_bad(d, only)]
+    results = []
+    if bad_planned or (RUNNER in map(_key, selected) and _is_bad(jobs.job_dir(root, *RUNNER.split("/")), only)):
+        results.append(resume_pipeline(root))
 
     def relaunch(directory: Path) -> dict[str, Any]:
-        spec = fresh.get(f"{directory.parent.name}/{directory.name}") or json.loads((directory / "spec.json").read_text())
+        spec = fresh.get(_key(directory)) or json.loads((directory / "spec.json").read_text())
         return jobs.launch(root, spec, only=only)
 
-    return each(relaunch, [d for d in jobs.all_job_dirs(root) if _selected(args, d.parent.name, d.name)])
+    return results + each(relaunch, [d for d in selected if _key(d) not in planned and _key(d) != RUNNER])
+
+
+RUNNER = "pipeline/run"
+
+
+def _key(directory: Path) -> str:
+    return f"{directory.parent.name}/{directory.name}"
+
+
+def _is_bad(directory: Path, only: set[JobState]) -> bool:
+    return JobState(jobs.describe(directory, time.time())["state"]) in only
+
+
+def pipeline_keys(root: Path) -> set[str]:
+    spec = read_json(jobs.job_dir(root, "pipeline", "run") / "spec.json", {})
+    return {node["key"] for node in spec.get("config", {}).get("stage", {}).get("plan", [])}
+
+
+def resume_pipeline(root: Path) -> dict[str, Any]:
+    """Restart the runner (not its jobs, which live in sessions of their own) to carry on."""
+    directory = jobs.job_dir(root, "pipeline", "run")
+    spec = read_json(directory / "spec.json")
+    spec["config"]["stage"]["fresh"] = False
+    with jobs.locked(directory / "launch.lock"):
+        jobs.terminate(read_json(directory / "state.json", {}))
+    return jobs.launch(root, spec)
 
 
 def stop(args: dict[str, Any]) -> Any:
@@ -89,12 +127,35 @@ def _log_dir(root: Path, dataset: str, stage: str | None) -> Path:
     return max(candidates, key=lambda d: json.loads((d / "state.json").read_text()).get("started_at", 0))
 
 
+def check(args: dict[str, Any]) -> Any:
+    from remote import check as checks
+
+    return checks.run(args)
+
+
+def assets(args: dict[str, Any]) -> Any:
+    """Build the demo's tiny target (tokenizer and random Llama) offline, unless it is there."""
+    out = Path(args["root"]) / "assets" / "tiny-target"
+    if (out / "config.json").exists():
+        return {"path": str(out), "built": False}
+    from remote import tiny_model, tiny_tokenizer
+
+    building = out.with_name(out.name + ".tmp")
+    shutil.rmtree(building, ignore_errors=True)  # left by an interrupted build
+    tiny_tokenizer.build_tokenizer(building)
+    tiny_model.main([str(building), "--tokenizer", str(building)])
+    os.replace(building, out)
+    return {"path": str(out), "built": True}
+
+
 VERBS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "status": status,
     "launch": launch,
     "rerun": rerun,
     "stop": stop,
     "logs": logs,
+    "check": check,
+    "assets": assets,
 }
 
 

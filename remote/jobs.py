@@ -103,6 +103,8 @@ def last_line(log: Path, limit: int = 160) -> str:
 def effective_state(state: dict[str, Any], progress: dict[str, Any], now: float) -> JobState:
     """The recorded state, corrected by what the host sees now."""
     recorded = JobState(state.get("state", "died"))
+    if recorded == JobState.WAITING:
+        return recorded  # its pid is the pipeline runner's, which reports for itself
     if recorded in (JobState.RUNNING, JobState.STALLED):
         if not is_alive(state):
             return JobState.DIED
@@ -122,6 +124,8 @@ def describe(directory: Path, now: float) -> dict[str, Any]:
     message = state.get("message") or progress.get("message") or ""
     if effective == JobState.DIED and not state.get("ended_at"):
         message = f"supervisor (pid {state.get('pid')}) is gone without an exit code"
+    elif effective == JobState.WAITING and not is_alive(state):
+        message = "not started: the pipeline runner has ended; `inv rerun --failed` resumes"
     elif effective == JobState.STALLED:
         message = f"no progress for {now - max(progress.get('updated_at', 0), state.get('started_at', 0)):.0f}s"
     return {
@@ -170,7 +174,7 @@ def launch(root: Path, spec: dict[str, Any], only: set[JobState] | None = None) 
             return {**result, "reason": f"is {now_state.value if now_state else 'not started'}"}
         if now_state == JobState.STALLED:
             terminate(state)
-        elif state and is_alive(state):
+        elif now_state != JobState.WAITING and is_alive(state):  # a waiting job's pid is the runner's
             return {**result, "reason": f"already running (pid {state['pid']})"}
         pid = _spawn(root, directory, spec)
     return {**result, "launched": True, "pid": pid}
@@ -183,7 +187,8 @@ def _spawn(root: Path, directory: Path, spec: dict[str, Any]) -> int:
         (directory / stale).unlink(missing_ok=True)
     if (directory / "log").exists():
         os.replace(directory / "log", directory / "log.1")
-    env = {**os.environ, "PYTHONPATH": str(release), "PYTHONUNBUFFERED": "1"}
+    python_path = os.pathsep.join(filter(None, [str(release), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"}
     with open(directory / "log", "ab") as log:
         # A new session: no controlling terminal, no SIGHUP when the SSH session ends.
         process = subprocess.Popen(

@@ -42,6 +42,10 @@ DEFAULT_COMMANDS = {
     "infer": "{python} -m remote.stages.infer",
     "extract": "{python} -m remote.stages.extract",
     "train": "{python} -m remote.stages.train",
+    # The prep code again, over the infer stage's answers (prompts datasets).
+    "tokenize": "{python} -m remote.stages.prep",
+    # `inv run`'s pipeline runner, itself a supervised job (remote.pipeline).
+    "run": "{python} -m remote.pipeline",
 }
 
 
@@ -89,3 +93,9 @@ class StageContext:
     def upstream(self, stage: str) -> Path:
         """The output directory of an earlier stage of the same dataset."""
         return self.data / stage
+
+    def inputs(self, stage: str) -> list[Path]:
+        """The directories to read: the pipeline's choice (``config["inputs"]``, e.g. every
+        dataset's extract output for the draft), else this dataset's `stage` output."""
+        given = self.config.get("inputs")
+        return [Path(p) for p in given] if given else [self.upstream(stage)]

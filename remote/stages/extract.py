@@ -60,7 +60,7 @@ def plan(ctx: StageContext) -> ExtractPlan:
     dtype = settings.get("dtype", "bfloat16")
     if dtype not in DTYPES:
         raise StageInputError(f"stages.extract.dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
-    prep = read_manifest(ctx.upstream("prep"))
+    prep = read_manifest(ctx.inputs("prep")[0])
     path, trust = target_settings(ctx.shared_config)
     shape = read_shape(path)
     validate_layers(layers, shape.num_layers)
@@ -97,7 +97,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     started = time.time()
     counts = extract(
         decoder_of(model),
-        read_records(ctx.upstream("prep")),
+        read_records(ctx.inputs("prep")[0]),
         store,
         checked.layers,
         checked.shard_size,

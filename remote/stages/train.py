@@ -54,6 +54,20 @@ def read_extract_manifest(extract_dir: Path) -> dict[str, Any]:
     return manifest
 
 
+def read_extract_manifests(directories: list[Path]) -> dict[str, Any]:
+    """One manifest standing for all inputs (the draft trains on every dataset's states),
+    refused when they were extracted with different layers or from a different target width."""
+    manifests = [read_extract_manifest(d) for d in directories]
+    first = manifests[0]
+    for directory, manifest in zip(directories[1:], manifests[1:]):
+        for key in ("layers", "hidden_size", "width"):
+            if manifest[key] != first[key]:
+                raise StageInputError(
+                    f"{directory}: extracted with {key} {manifest[key]}, but {directories[0]} with {first[key]}: "
+                    "rerun extract for all datasets with the same settings")
+    return {**first, "records": sum(int(m.get("records", 0)) for m in manifests)}
+
+
 def draft_for(ctx: StageContext, extracted: dict[str, Any], vocab_size: int, target_config: dict[str, Any]) -> dict[str, Any]:
     """The draft's config, checked against the width the extraction wrote."""
     settings = ctx.stage_config
@@ -81,8 +95,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     engine = settings.get("engine", "aerie")
     if engine not in ENGINES:
         raise StageInputError(f"stages.train.engine {engine!r}: expected one of {', '.join(ENGINES)}")
-    extract_dir = ctx.upstream("extract")
-    extracted = read_extract_manifest(extract_dir)
+    extract_dirs = ctx.inputs("extract")
+    extracted = read_extract_manifests(extract_dirs)
     if engine == "specforge":
         return run_specforge(ctx, extracted, progress)
     path, _ = target_settings(ctx.shared_config)
@@ -93,9 +107,9 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             "the target changed since extract ran; rerun extract"
         )
     config = draft_for(ctx, extracted, shape.vocab_size, read_config(path))
-    files = ShardStore(extract_dir).sample_files()
+    files = [f for directory in extract_dirs for f in ShardStore(directory).sample_files()]
     if not files:
-        raise StageInputError(f"no extracted samples in {extract_dir}: extract wrote no records; check its skip reasons")
+        raise StageInputError(f"no extracted samples in {', '.join(map(str, extract_dirs))}: extract wrote no records; check its skip reasons")
 
     # NOTE: torch is imported only once the inputs are known good, so a refusal is instant.
     import torch
@@ -178,7 +192,7 @@ def run_specforge(ctx: StageContext, extracted: dict[str, Any], progress: Progre
         target_model=path,
         draft_config=draft_path,
         train_data=_conversations(ctx),
-        hidden_states=ctx.upstream("extract"),
+        hidden_states=ctx.inputs("extract")[0],
         output=ctx.output,
         epochs=int(settings.get("epochs", 1)),
         batch_size=int(settings.get("batch_size", 1)),

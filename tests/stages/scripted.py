@@ -9,20 +9,60 @@ dataset's `source` says what to do, e.g. ``records=5 sleep=0.1 exit=0``:
 - ``hold``: seconds to sleep afterwards without reporting (for `stalled`)
 - ``unless``: a file on the host; when it exists, exit 0 (the user's "fix")
 - ``child``: start a grandchild `sleep` and write its pid to the output dir
+- ``need_url`` / ``shun_url``: fail unless / if that URL answers (the managed server)
+
+With a directory argument (``scripted.py DIR``), the plan is read from
+``DIR/<dataset>.<stage>`` instead (default ``records=1``), so that every stage of a
+pipeline has its own, and the start and end times go to ``DIR/trace/``.
 """
 
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.request
+from pathlib import Path
 
 from remote.progress import Progress
 from remote.stages import StageContext
 
 
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def read_plan(ctx: StageContext) -> tuple[dict[str, str], Path | None]:
+    if len(sys.argv) < 2:
+        return dict(item.split("=", 1) for item in ctx.source.split()), None
+    plans = Path(sys.argv[1])
+    path = plans / f"{ctx.dataset}.{ctx.stage}"
+    text = path.read_text() if path.exists() else "records=1"
+    return dict(item.split("=", 1) for item in text.split()), plans / "trace"
+
+
 def main() -> int:
     ctx = StageContext.from_env()
-    plan = dict(item.split("=", 1) for item in ctx.source.split())
+    plan, trace = read_plan(ctx)
+    started = time.time()
+    if plan.get("need_url") and not answers(plan["need_url"]):
+        print(f"server at {plan['need_url']} is not up", flush=True)
+        return 4
+    if plan.get("shun_url") and answers(plan["shun_url"]):
+        print(f"server at {plan['shun_url']} still holds the GPU", flush=True)
+        return 5
+    code = work(ctx, plan)
+    if trace is not None:
+        trace.mkdir(exist_ok=True)
+        (trace / f"{ctx.dataset}.{ctx.stage}.json").write_text(json.dumps({"start": started, "end": time.time(), "code": code}))
+    return code
+
+
+def work(ctx: StageContext, plan: dict[str, str]) -> int:
     if plan.get("child"):
         child = subprocess.Popen(["sleep", "300"])
         (ctx.output / "child.pid").write_text(str(child.pid))

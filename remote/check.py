@@ -1,0 +1,101 @@
+"""`inv check` on the host: can the stages run here, and is the inference server set up right?
+
+Each check is ``{"name", "ok", "detail"}``. Packages are looked up, not
+imported (importing torch takes seconds). Standard library only.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from remote import server
+
+PACKAGES = ("datasets", "transformers", "tokenizers", "torch", "pyarrow", "safetensors")
+BYTES_PER_VALUE = 2  # bf16 hidden states
+
+
+def check(name: str, ok: bool, detail: str) -> dict[str, Any]:
+    return {"name": name, "ok": ok, "detail": detail}
+
+
+def python() -> dict[str, Any]:
+    ok = sys.version_info >= (3, 10)
+    return check("python", ok, f"{sys.executable} {sys.version.split()[0]}" + ("" if ok else ": 3.10 or newer needed"))
+
+
+def packages() -> list[dict[str, Any]]:
+    results = []
+    for name in PACKAGES:
+        try:
+            results.append(check(f"package {name}", True, importlib.metadata.version(name)))
+        except importlib.metadata.PackageNotFoundError:
+            results.append(check(f"package {name}", False, f"not installed for {sys.executable}: pip install {name}"))
+    return results
+
+
+def gpus() -> dict[str, Any]:
+    if not shutil.which("nvidia-smi"):
+        return check("gpus", False, "nvidia-smi not found: no NVIDIA GPU visible (extract and train would run on the CPU)")
+    done = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                          capture_output=True, text=True)
+    names = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    return check("gpus", bool(names), "; ".join(names) or done.stderr.strip() or "none")
+
+
+def hidden_size(model: str | None) -> int | None:
+    """The target's hidden size from its config.json (a directory on the host), if readable."""
+    if not model:
+        return None
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return (config.get("text_config") or config).get("hidden_size")
+
+
+def disk(root: Path, datasets: list[str], layers: list[int], model: str | None) -> dict[str, Any]:
+    """Free space against the hidden states' size: (layers + 1) × hidden × 2 bytes × tokens."""
+    free = shutil.disk_usage(root if root.exists() else root.parent).free
+    width = hidden_size(model)
+    tokens = sum(_tokens(root / "data" / name) for name in datasets)
+    if not width or not tokens:
+        return check("disk", True, f"{free / 2**30:,.1f} GiB free; no estimate yet (needs prep's token counts and the target's config)")
+    need = (len(layers) + 1) * width * BYTES_PER_VALUE * tokens
+    detail = f"{free / 2**30:,.1f} GiB free, hidden states need about {need / 2**30:,.1f} GiB ({tokens:,} tokens × {(len(layers) + 1) * width} values × 2 B)"
+    return check("disk", free > need, detail)
+
+
+def _tokens(data: Path) -> int:
+    for stage in ("tokenize", "prep"):
+        try:
+            return int(json.loads((data / stage / "manifest.json").read_text())["tokens"]["total"])
+        except (OSError, KeyError, TypeError, ValueError):
+            continue
+    return 0
+
+
+def inference_server(url: str, layers: list[int]) -> dict[str, Any]:
+    try:
+        info = server.server_info(url)
+    except server.ServerError as exc:
+        return check("inference server", True, f"not checked: {exc}")
+    problems = server.check_server_config(info, layers)
+    algorithm = info.get("speculative_algorithm") or "no speculative decoding"
+    return check("inference server", not problems, "; ".join(problems) or f"{url}: {algorithm}, layers agree")
+
+
+def run(args: dict[str, Any]) -> list[dict[str, Any]]:
+    layers = args["layers"]
+    return [
+        python(),
+        *packages(),
+        gpus(),
+        disk(Path(args["root"]), args["datasets"], layers, args.get("model")),
+        inference_server(args["server_url"], layers),
+    ]

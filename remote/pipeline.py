@@ -1,0 +1,145 @@
+"""The pipeline runner: `inv run` on the host, a job like any other (``pipeline/run``).
+
+It starts each job of the plan once the jobs it needs have succeeded, keeps the
+GPU exclusive (the inference server, extraction and training never share it),
+starts the inference server for the infer jobs and stops it before anything
+else needs the GPU. Jobs it cannot start yet are recorded as `waiting`, with
+what they wait for. It outlives the SSH session like every job, and a second
+runner (after `inv rerun --failed`) adopts the jobs and the server it finds.
+
+The plan, built by the workstation (local/pipeline.py), is a list of nodes::
+
+    {"key": "A1/extract", "needs": ["A1/prep"], "gpu": true, "server": false, "spec": {...}}
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from remote import jobs, server
+from remote.progress import Progress, read_json, write_json_atomic
+from remote.stages import StageContext
+from remote.states import JobState
+
+TICK_SECONDS = 0.5
+ACTIVE = (JobState.RUNNING, JobState.STALLED)
+
+
+class Runner:
+    def __init__(self, ctx: StageContext, progress: Progress) -> None:
+        self.root = ctx.root
+        self.plan: list[dict[str, Any]] = ctx.stage_config["plan"]
+        self.server_settings: dict[str, Any] = ctx.stage_config.get("server") or {}
+        self.progress = progress
+        self.me = read_json(jobs.job_dir(self.root, "pipeline", "run") / "state.json", {})
+        # Fresh (`inv run`): every job runs again. Resumed (`inv rerun`): succeeded jobs stay done.
+        self.started: set[str] = set()
+        if not ctx.stage_config.get("fresh", True):
+            self.started = {n["key"] for n in self.plan if self.state_of(n["key"]) == JobState.SUCCEEDED}
+        self.server_record = self.root / "jobs" / "pipeline" / "server.json"
+
+    def state_of(self, key: str) -> JobState | None:
+        directory = self.root / "jobs" / key
+        if not (directory / "state.json").exists():
+            return None
+        return JobState(jobs.describe(directory, time.time())["state"])
+
+    def run(self) -> int:
+        try:
+            while True:
+                states = {n["key"]: self.state_of(n["key"]) for n in self.plan}
+                pending = [n for n in self.plan if n["key"] not in self.started]
+                active = [n for n in self.plan if n["key"] in self.started and states[n["key"]] in ACTIVE]
+                if not pending and not active:
+                    break
+                self.schedule(pending, active, states)
+                self.progress.beat()
+                time.sleep(TICK_SECONDS)
+        finally:
+            self.stop_server()
+        failed = [n["key"] for n in self.plan if self.state_of(n["key"]) != JobState.SUCCEEDED]
+        self.progress.note(f"incomplete: {', '.join(failed)}" if failed else f"all {len(self.plan)} jobs succeeded")
+        print(f"pipeline {'incomplete: ' + ', '.join(failed) if failed else 'done'}", flush=True)
+        return 1 if failed else 0
+
+    def schedule(self, pending: list[dict[str, Any]], active: list[dict[str, Any]], states: dict[str, JobState | None]) -> None:
+        gpu_busy = any(n["gpu"] for n in active)
+        settled = set(self.started)  # jobs started this tick have no state yet
+        for node in pending:
+            unmet = [k for k in node["needs"] if states.get(k) != JobState.SUCCEEDED]
+            blocked = [k for k in unmet if k in settled and states.get(k) not in (*ACTIVE, JobState.WAITING)]
+            if blocked:
+                self.wait(node, unmet, f"blocked: {', '.join(blocked)} did not succeed")
+                self.started.add(node["key"])  # never starts in this run
+            elif unmet or (node["gpu"] and gpu_busy):
+                holder = [n["key"] for n in active if n["gpu"]]
+                self.wait(node, unmet or holder, "" if unmet else "the GPU is in use")
+            else:
+                if node["gpu"]:
+                    self.prepare_gpu(node)
+                    gpu_busy = True
+                self.start(node)
+                active.append(node)
+
+    def wait(self, node: dict[str, Any], waiting_for: list[str], message: str) -> None:
+        directory = self.root / "jobs" / node["key"]
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {
+            "dataset": node["spec"]["dataset"], "stage": node["spec"]["stage"], "state": JobState.WAITING.value,
+            "waiting_for": waiting_for, "message": message, "pid": self.me.get("pid"),
+            "pid_start": self.me.get("pid_start"), "stall_after": 10 ** 9,
+        }
+        if read_json(directory / "state.json", {}) != state:
+            write_json_atomic(directory / "state.json", state)
+
+    def start(self, node: dict[str, Any]) -> None:
+        result = jobs.launch(self.root, node["spec"])
+        print(f"{node['key']}: {'started' if result['launched'] else result['reason']}", flush=True)
+        self.started.add(node["key"])
+        if result["launched"]:
+            self.progress.written()
+
+    # -- the GPU and the inference server -------------------------------------
+
+    def prepare_gpu(self, node: dict[str, Any]) -> None:
+        """The server holds the GPU for infer jobs and must give it up for anything else."""
+        if node.get("server"):
+            self.ensure_server()
+        else:
+            self.stop_server()
+
+    def ensure_server(self) -> None:
+        command = self.server_settings.get("command")
+        if not command:
+            return  # a server managed outside aerie
+        record = read_json(self.server_record, {})
+        if record and server.is_running(record["pid"]) and server.is_healthy(self.server_settings["url"]):
+            return
+        log = self.server_record.with_name("server.log")
+        self.progress.note("starting the inference server")
+        command = command.replace("{python}", sys.executable)
+        pid = server.start(command, log, env=self.server_settings.get("env") or {})
+        write_json_atomic(self.server_record, {"pid": pid})
+        print(f"server: started pid {pid}: {command}", flush=True)
+        server.wait_healthy(self.server_settings["url"], self.server_settings.get("start_timeout", 1800), pid, log)
+        self.progress.note("inference server healthy")
+
+    def stop_server(self) -> None:
+        record = read_json(self.server_record, {})
+        if record and server.is_running(record["pid"]):
+            print(f"server: stopping pid {record['pid']}", flush=True)
+            server.stop(record["pid"])
+        self.server_record.unlink(missing_ok=True)
+
+
+def main() -> int:
+    ctx = StageContext.from_env()
+    with Progress.from_env() as progress:
+        return Runner(ctx, progress).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
