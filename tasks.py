@@ -92,7 +92,7 @@ def check(c: Context, inventory: str | None = None) -> None:
     """Check the host: Python and packages, GPUs, free disk for the hidden states, the server's flags."""
     with control.session(inventory_name(c, inventory)) as host:
         results = control.check(host, console())
-    if not all(r["ok"] for r in results):
+    if any(r["status"] == "fail" for r in results):
         raise Exit(code=1)
 
 
@@ -105,5 +105,14 @@ def demo(c: Context) -> None:
         raise Exit("aerie: the demo did not finish cleanly; see the table above and `inv logs`", code=1)
 
 
-ns = Collection(deploy, launch, status, rerun, logs, stop, trust, run, check, demo)
+@task(help={"only": "comma-separated suites: control, prep, infer, extract, slurm; default: all",
+            "json": "print the figures as JSON"})
+def bench(c: Context, only: str | None = None, json: bool = False) -> None:
+    """Measure speed as ratios to baselines run alongside (see docs/benchmarks.md)."""
+    from benchmarks import run as benchmarks
+
+    control.print_figures(benchmarks.run(control.split(only)), console(), as_json=json)
+
+
+ns = Collection(deploy, launch, status, rerun, logs, stop, trust, run, check, demo, bench)
 ns.configure({"inventory": "local"})

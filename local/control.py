@@ -22,6 +22,7 @@ from local.transport import SshTransport
 from remote.states import BAD, JobState
 
 
+CHECK_STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 LISTED = 12  # paths a deploy lists before it summarises (a dry run lists all)
 
 
@@ -122,7 +123,7 @@ def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
     for header in ("check", "", "detail"):
         table.add_column(header)
     for result in results:
-        table.add_row(result["name"], Text("ok", "green") if result["ok"] else Text("FAIL", "bold red"), result["detail"])
+        table.add_row(result["name"], Text(result["status"], CHECK_STYLES[result["status"]]), result["detail"])
     console.print(table)
     return results
 
@@ -205,3 +206,25 @@ def _confirm(console: Console, question: str) -> bool:
     if not sys.stdin.isatty():
         raise AerieError("no terminal to confirm on: pass --fingerprint SHA256:... (from the host's admin) or --yes")
     return console.input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+def print_figures(figures: dict[str, Any], console: Console, as_json: bool) -> None:
+    """Benchmark figures: JSON, or one flat table of suite, figure, value."""
+    if as_json:
+        print(json.dumps(figures, indent=2))
+        return
+    table = Table(title="aerie benchmarks", title_justify="left")
+    for header, justify in (("suite", "left"), ("figure", "left"), ("value", "right")):
+        table.add_column(header, justify=justify)  # type: ignore[arg-type]
+    for suite, values in figures.items():
+        for name, value in _flatten(values):
+            table.add_row(suite, name, f"{value:,.3f}" if isinstance(value, float) else str(value))
+    console.print(table)
+
+
+def _flatten(values: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in values.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value

@@ -1,6 +1,6 @@
 """`inv check` on the host: can the stages run here, and is the inference server set up right?
 
-Each check is ``{"name", "ok", "detail"}``. Packages are looked up, not
+Each check is ``{"name", "status", "detail"}``, status ``ok``, ``warn`` or ``fail``. Packages are looked up, not
 imported (importing torch takes seconds). Standard library only.
 """
 
@@ -20,8 +20,9 @@ PACKAGES = ("datasets", "transformers", "tokenizers", "torch", "pyarrow", "safet
 BYTES_PER_VALUE = 2  # bf16 hidden states
 
 
-def check(name: str, ok: bool, detail: str) -> dict[str, Any]:
-    return {"name": name, "ok": ok, "detail": detail}
+def check(name: str, ok: bool, detail: str, warn_only: bool = False) -> dict[str, Any]:
+    status = "ok" if ok else "warn" if warn_only else "fail"
+    return {"name": name, "status": status, "detail": detail}
 
 
 def python() -> dict[str, Any]:
@@ -41,7 +42,8 @@ def packages() -> list[dict[str, Any]]:
 
 def gpus() -> dict[str, Any]:
     if not shutil.which("nvidia-smi"):
-        return check("gpus", False, "nvidia-smi not found: no NVIDIA GPU visible (extract and train would run on the CPU)")
+        # A warning, not a failure: the demo and small runs work on the CPU.
+        return check("gpus", False, "nvidia-smi not found: no NVIDIA GPU visible (extract and train would run on the CPU)", True)
     done = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
                           capture_output=True, text=True)
     names = [line.strip() for line in done.stdout.splitlines() if line.strip()]
@@ -84,7 +86,7 @@ def inference_server(url: str, layers: list[int]) -> dict[str, Any]:
     try:
         info = server.server_info(url)
     except server.ServerError as exc:
-        return check("inference server", True, f"not checked: {exc}")
+        return check("inference server", False, f"not checked: {exc}", True)
     problems = server.check_server_config(info, layers)
     algorithm = info.get("speculative_algorithm") or "no speculative decoding"
     return check("inference server", not problems, "; ".join(problems) or f"{url}: {algorithm}, layers agree")

@@ -1,0 +1,33 @@
+"""`inv bench`: every benchmark suite, each a ratio against a baseline measured in the same run.
+
+Suites: control (status, launch and deploy over a loopback sshd), prep (tokenise
+and mask vs. the tokenizer's plain batch encoding), infer (the stage's client vs.
+plain clients on the same server), extract (capture vs. a bare forward pass),
+slurm (launch and status of 40 jobs on the test cluster). Figures are recorded in
+docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+from typing import Any
+
+SUITES = ("control", "prep", "infer", "extract", "slurm")
+
+
+def run(only: list[str] | None = None) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for name in only or SUITES:
+        if name not in SUITES:
+            raise ValueError(f"unknown benchmark {name!r}: expected one of {', '.join(SUITES)}")
+        started = time.perf_counter()
+        results[name] = importlib.import_module(f"benchmarks.bench_{name}").run()
+        results[name]["suite_seconds"] = round(time.perf_counter() - started, 1)
+    return results
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(sys.argv[1:] or None), indent=2))

@@ -1,0 +1,76 @@
+"""`inv check` through the real task: it catches the server flag that ruined a training run.
+
+SGLang cannot run here (it needs the GPU), so a loopback HTTP server answers
+`/server_info` with the JSON SGLang's server returns; everything else is real.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.harness import Bench, copy_checkout
+
+
+def sglang_like(info: dict[str, Any]) -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body = json.dumps(info).encode() if self.path == "/server_info" else b"{}"
+            self.send_response(200 if self.path in ("/server_info", "/health") else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/v1"
+    server.shutdown()
+
+
+@pytest.fixture
+def bench(tmp_path: Path) -> Bench:
+    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local")
+
+
+def draft_dir(tmp_path: Path, layers: list[int]) -> Path:
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": layers}}))
+    return draft
+
+
+def check_with(bench: Bench, info: dict[str, Any], layers: list[int]):  # noqa: ANN201
+    for url in sglang_like(info):
+        bench.inventory({"A": {"source": "x", "kind": "native"}}, {"infer": {"server_url": url}, "extract": {"layers": layers}})
+        bench.inv("deploy")
+        return bench.inv("check", check=False)
+
+
+def test_check_flags_eagle_with_an_eagle3_draft(bench: Bench, tmp_path: Path) -> None:
+    info = {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": str(draft_dir(tmp_path, [2, 30, 58]))}
+    done = check_with(bench, info, [2, 30, 58])
+    assert done.returncode == 1
+    assert "--speculative-algorithm EAGLE3" in " ".join(done.stdout.split())
+
+
+def test_check_flags_auxiliary_layers_that_differ_from_the_extraction(bench: Bench, tmp_path: Path) -> None:
+    info = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": str(draft_dir(tmp_path, [1, 29, 57]))}
+    done = check_with(bench, info, [2, 30, 58])
+    assert done.returncode == 1
+    assert "[1, 29, 57] but extraction uses [2, 30, 58]" in " ".join(done.stdout.split())
+
+
+def test_check_passes_a_consistent_server_and_lists_packages(bench: Bench, tmp_path: Path) -> None:
+    info = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": str(draft_dir(tmp_path, [2, 30, 58]))}
+    done = check_with(bench, info, [2, 30, 58])
+    assert done.returncode == 0, done.stdout
+    assert "EAGLE3, layers agree" in done.stdout and "package transformers" in done.stdout
