@@ -8,12 +8,18 @@ from __future__ import annotations
 
 from invoke import Collection, Context, Exit
 
-from local import control
+from local import control, validate as validating
 from local.cli import console, inventory_name, task
 from local.inventory import load
 
 INVENTORY = "inventory NAME (inventories/NAME.yaml) or a path; default: config key `inventory`"
 DATASET = "comma-separated dataset names; default: all of the inventory's"
+
+
+@task(help={"inventory": INVENTORY, "json": "print a JSON list instead of the table"})
+def validate(c: Context, inventory: str | None = None, json: bool = False) -> None:
+    """Run prep over each dataset's local sample here; fail on any that would give zero records."""
+    validating.check(load(inventory_name(c, inventory)), console(), as_json=json)
 
 
 @task(help={"inventory": INVENTORY, "dry_run": "list what would be added, changed and removed; send nothing"})
@@ -114,5 +120,5 @@ def bench(c: Context, only: str | None = None, json: bool = False) -> None:
     control.print_figures(benchmarks.run(control.split(only)), console(), as_json=json)
 
 
-ns = Collection(deploy, launch, status, rerun, logs, stop, trust, run, check, demo, bench)
+ns = Collection(validate, deploy, launch, status, rerun, logs, stop, trust, run, check, demo, bench)
 ns.configure({"inventory": "local"})

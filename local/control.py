@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from local import deploy as deploying
-from local import jobs, pipeline, status_view, trust as trusting
+from local import jobs, pipeline, status_view, trust as trusting, validate as validating
 from local.errors import AerieError
 from local.host import RemoteHost
 from local.inventory import Inventory, load
@@ -41,10 +41,9 @@ def split(names: str | None) -> list[str] | None:
     return [n for n in names.replace(" ", ",").split(",") if n] if names else None
 
 
-def deploy(host: RemoteHost, console: Console, dry_run: bool = False, checks: tuple = ()) -> str | None:
+def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | None:
     deploying.check_sources()
-    for check in checks:
-        check(host.inventory, console)
+    validating.check(host.inventory, console)
     plan = deploying.plan(host, deploying.manifest())
     where = f"{host.name}:{host.root}"
     if plan.is_noop:

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: What a user's checkout holds that the tasks need (tests and the venv stay behind).
 CHECKOUT_PARTS = ("tasks.py", "invoke.yaml", "pyproject.toml", "local", "remote", "inventories")
 SCRIPTED = REPO / "tests" / "stages" / "scripted.py"
+SAMPLES = {"native": REPO / "inventories/samples/sharegpt.jsonl", "prompts": REPO / "inventories/samples/prompts_alpaca.jsonl"}
 
 
 def copy_checkout(target: Path) -> Path:
@@ -53,6 +54,8 @@ class Bench:
             host.update(address=self.sshd.address, port=self.sshd.port, user=self.sshd.user,
                         identity=str(self.sshd.identity), known_hosts=str(self.sshd.known_hosts),
                         ssh_config=str(self.sshd.ssh_config), connect_timeout=5)
+        for entry in datasets.values():  # what `inv validate` (run by every deploy) reads here
+            entry.setdefault("sample", str(SAMPLES[entry["kind"]]))
         document = {"backend": self.backend, "host": host, "datasets": datasets, "stages": stages or {}, **extra}
         path = self.checkout / "inventories" / "test.yaml"
         path.write_text(yaml.safe_dump(document))

@@ -1,0 +1,90 @@
+"""`inv validate`: the prep code over each dataset's local sample, on this machine, before any deploy.
+
+Runs ``python -m remote.prep.validate`` from the checkout (the same command line and
+JSON as on the host) and fails on every dataset that would give zero records: the
+bug that lost three of ten datasets.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from local import jobs
+from local.errors import AerieError
+from local.inventory import INVENTORIES, REPO, Inventory
+from local.transport import LocalTransport
+from remote.wire import decode
+
+
+def sample_of(inventory: Inventory, name: str) -> str:
+    """`sample` (relative to the inventory's folder), else a source that is a file in the checkout."""
+    entry = inventory.datasets[name]
+    folder = inventory.path.parent if inventory.path else INVENTORIES
+    if entry.sample:
+        return str((folder / entry.sample).resolve())
+    if (REPO / entry.source).is_file():
+        return str(REPO / entry.source)
+    return entry.source  # a hub id: the first rows from this machine's cache, offline
+
+
+def request(inventory: Inventory) -> dict[str, Any]:
+    target = jobs.on_host(inventory.target.model_dump(), inventory.host.root)
+    return {
+        "target": target,
+        "stage": inventory.stages.prep.model_dump(exclude={"command", "stall_after"}),
+        "datasets": {name: {**inventory.datasets[name].model_dump(), "sample": sample_of(inventory, name),
+                            "limit": inventory.datasets[name].limit or 200}
+                     for name in inventory.datasets},
+    }
+
+
+#: Validation reads only what this machine has: never a download from a hub.
+OFFLINE = "HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1"
+
+
+def validate(inventory: Inventory) -> list[dict[str, Any]]:
+    command = (f"cd {shlex.quote(str(REPO))} && {OFFLINE} {shlex.quote(sys.executable)} -m remote.prep.validate "
+               f"{shlex.quote(json.dumps(request(inventory)))}")
+    result = LocalTransport().run(command)
+    try:
+        return decode(result.stdout)
+    except ValueError:
+        raise AerieError(f"inv validate could not run prep here: {(result.stderr.strip() or 'no output').splitlines()[-1]}")
+
+
+def render(entries: list[dict[str, Any]]) -> Table:
+    table = Table(title="prep over local samples", title_justify="left")
+    for header, justify in (("dataset", "left"), ("kind", "left"), ("formats", "left"), ("rows", "right"),
+                            ("kept", "right"), ("skipped (top reasons)", "left"), ("mean tokens", "right")):
+        table.add_column(header, justify=justify)  # type: ignore[arg-type]
+    for entry in entries:
+        reasons = ", ".join(f"{reason} ×{count}" for reason, count in list(entry["skip_reasons"].items())[:3])
+        kept = Text(str(entry["kept"]), "bold red" if not entry["kept"] else "green")
+        table.add_row(entry["dataset"], entry["kind"], ", ".join(entry["formats"]) or "-", str(entry["rows"]), kept,
+                      Text(entry["error"], "red") if entry["error"] else Text(f"{entry['skipped']} {reasons}".strip()),
+                      f"{entry['mean_tokens']:.0f}" if entry.get("mean_tokens") else "-")
+    return table
+
+
+def check(inventory: Inventory, console: Console, as_json: bool = False) -> list[dict[str, Any]]:
+    """Validate and show; an `AerieError` names every dataset that would give zero records."""
+    entries = validate(inventory)
+    if as_json:
+        print(json.dumps(entries, indent=2))
+    else:
+        console.print(render(entries))
+        for note in sorted({e["note"] for e in entries if e.get("note")}):
+            console.print(f"[yellow]note:[/] {note}")
+    bad = [e for e in entries if e["error"] or not e["kept"]]
+    if bad:
+        raise AerieError("datasets that would give zero records: " + "; ".join(
+            f"{e['dataset']} ({e['error'] or ', '.join(list(e['skip_reasons'])[:2]) or 'no rows'})" for e in bad))
+    return entries

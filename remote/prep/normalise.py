@@ -1,0 +1,280 @@
+"""Rows of any known family to one record: ``{"id", "conversations", "tools"?}``.
+
+The format is detected per row, because real datasets mix them. A row that
+nothing maps raises `Skip` with a reason a person can act on (``unknown role
+'narrator'``); the caller counts reasons, so no row disappears silently.
+
+Rows that come through Arrow (hub datasets, Parquet) carry every column of
+the unified schema, absent ones as None, so "missing" here always means
+"missing or None".
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from remote.prep.roles import canonical_role
+
+#: Fields that hold a row's own id, in order of preference.
+ID_FIELDS = ("id", "prompt_id", "conversation_id", "instance_id", "uuid", "idx")
+#: Prompt-only families: the prompt field and the family's name.
+PROMPT_FIELDS = (("instruction", "alpaca"), ("prompt", "prompt"), ("question", "question"), ("problem", "problem"))
+#: Where those families keep an answer, when they have one.
+ANSWER_FIELDS = ("output", "response", "completion", "answer", "solution")
+REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
+TEXT_PART_TYPES = ("text", "input_text", "output_text")
+
+
+class Skip(Exception):
+    """A row that cannot become a record; `reason` is what the counts are keyed by."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class Record:
+    """One normalised conversation, in the layout SpecForge's loader reads."""
+
+    id: str
+    conversations: list[dict[str, Any]]
+    #: Tool schemas offered to the model, when the row has them.
+    tools: list[dict[str, Any]] | None = None
+    #: The family the row was detected as (not written to the record).
+    format: str = field(default="", compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "conversations": self.conversations}
+        if self.tools:
+            out["tools"] = self.tools
+        return out
+
+
+def normalise(row: Any, index: int, kind: str = "native", dataset: str = "") -> Record:
+    """The record for `row` (the `index`-th of its dataset); raises `Skip`."""
+    if not isinstance(row, dict):
+        raise Skip(f"row is not an object ({type(row).__name__})")
+    fmt, turns = _detect(row)
+    system = row.get("system")
+    if isinstance(system, str) and system.strip() and not any(t["role"] == "system" for t in turns):
+        turns.insert(0, {"role": "system", "content": system})
+    record = Record(_row_id(row, index, dataset), turns, _tools(row), fmt)
+    if kind == "prompts":
+        record.conversations = _prompt_turns(turns)
+        record.tools = None
+    else:
+        record.conversations = _native_turns(turns)
+    return record
+
+
+def _detect(row: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """The row's family and its turns, canonical roles already applied."""
+    as_text = False
+    for key in ("trajectory", "messages", "conversations", "conversation"):
+        value = row.get(key)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            value, as_text = _json_field(value, key), True
+        if not isinstance(value, list):
+            raise Skip(f"field {key!r} is not a list")
+        suffix = "+json_text" if as_text else ""
+        if key == "trajectory":
+            return "swe_agent" + suffix, _swe_agent_turns(value)
+        turns = [_turn(raw, i) for i, raw in enumerate(value)]
+        turns = [t for t in turns if t is not None]
+        if key == "messages":
+            return _messages_family(row, turns) + suffix, turns
+        return _conversations_family(row, value) + suffix, turns
+    for key, family in PROMPT_FIELDS:
+        value = row.get(key)
+        if isinstance(value, list):  # a prompt given as messages
+            turns = [t for t in (_turn(raw, i) for i, raw in enumerate(value)) if t is not None]
+            return family + "_messages", turns + _answer_turn(row)
+        if isinstance(value, str):
+            return family, _prompt_pair(row, key, value)
+    keys = ", ".join(sorted(str(k) for k in row)[:6])
+    raise Skip(f"no conversations field (keys: {keys})")
+
+
+def _messages_family(row: dict[str, Any], turns: list[dict[str, Any]]) -> str:
+    if row.get("prompt_id") is not None:
+        return "ultrachat"
+    if any(t["role"] == "assistant" and "<function=" in t["content"] for t in turns):
+        return "agent_trajectory"
+    if any(t.get("tool_calls") or t["role"] == "tool" for t in turns):
+        return "openai_tools"
+    return "openai"
+
+
+def _conversations_family(row: dict[str, Any], raw_turns: list[Any]) -> str:
+    if isinstance(row.get("system"), str):
+        return "openthoughts"
+    if any(isinstance(t, dict) and t.get("from") is not None for t in raw_turns):
+        return "sharegpt"
+    return "specforge"  # role/content turns: SpecForge's layout, as the infer stage writes it
+
+
+def _swe_agent_turns(items: list[Any]) -> list[dict[str, Any]]:
+    """SWE-agent's ``{role: system|ai|user, text, system_prompt}`` items."""
+    turns = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise Skip("trajectory item is not an object")
+        role = _role(item.get("role"))
+        text = item.get("text")
+        # NOTE: the system item keeps its prompt in `system_prompt` and has text None.
+        if text is None and role == "system":
+            text = item.get("system_prompt")
+        if text is None:
+            continue
+        turns.append({"role": role, "content": _content(text)})
+    return turns
+
+
+def _turn(raw: Any, position: int) -> dict[str, Any] | None:
+    """One turn in OpenAI shape; None for an empty system turn, which says nothing."""
+    if not isinstance(raw, dict):
+        raise Skip("turn is not an object")
+    name = raw.get("role") if raw.get("role") is not None else raw.get("from")
+    if name is None:
+        raise Skip("turn without a role")
+    role = _role(name)
+    content = next((raw[k] for k in ("content", "value", "text") if raw.get(k) is not None), None)
+    turn: dict[str, Any] = {"role": role, "content": _content(content)}
+    if role == "assistant":
+        reasoning = next((raw[k] for k in REASONING_FIELDS if isinstance(raw.get(k), str)), None)
+        if reasoning:
+            turn["reasoning_content"] = reasoning
+        calls = raw.get("tool_calls")
+        if calls is None and isinstance(raw.get("function_call"), dict):
+            calls = [{"function": raw["function_call"]}]  # OpenAI's older single-call field
+        if calls:
+            turn["tool_calls"] = _tool_calls(calls, position)
+    if role == "tool":
+        for key in ("tool_call_id", "name"):
+            if raw.get(key) is not None:
+                turn[key] = str(raw[key])
+    if role == "system" and not turn["content"].strip():
+        return None
+    return turn
+
+
+def _role(name: Any) -> str:
+    role = canonical_role(name)
+    if role is None:
+        raise Skip(f"unknown role {name!r}")
+    return role
+
+
+def _content(value: Any) -> str:
+    """Text of a turn: a string, or OpenAI's list of parts joined."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(_part_text(part) for part in value)
+    raise Skip(f"content is {type(value).__name__}, not text")
+
+
+def _part_text(part: Any) -> str:
+    if isinstance(part, str):
+        return part
+    if not isinstance(part, dict):
+        raise Skip(f"content part is {type(part).__name__}, not text")
+    kind = part.get("type") or "text"
+    if kind in TEXT_PART_TYPES and isinstance(part.get("text"), str):
+        return part["text"]
+    raise Skip(f"non-text content part ({kind})")
+
+
+def _tool_calls(raw: Any, position: int) -> list[dict[str, Any]]:
+    """Tool calls in OpenAI shape, arguments as a JSON string (what templates and servers expect)."""
+    if isinstance(raw, str):
+        raw = _json_field(raw, "tool_calls")
+    if isinstance(raw, dict):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise Skip("tool_calls is not a list")
+    calls = []
+    for k, call in enumerate(raw):
+        if not isinstance(call, dict):
+            raise Skip("tool call is not an object")
+        function = call.get("function") if isinstance(call.get("function"), dict) else call
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise Skip("tool call without a name")
+        arguments = function.get("arguments")
+        if arguments is None:
+            arguments = "{}"
+        elif not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        call_id = call.get("id") or f"call_{position}_{k}"
+        calls.append({"id": str(call_id), "type": "function", "function": {"name": name, "arguments": arguments}})
+    return calls
+
+
+def _tools(row: dict[str, Any]) -> list[dict[str, Any]] | None:
+    tools = row.get("tools")
+    if isinstance(tools, str):
+        tools = _json_field(tools, "tools") if tools.strip() else None
+    if not tools:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise Skip("field 'tools' is not a list of objects")
+    return tools
+
+
+def _prompt_pair(row: dict[str, Any], key: str, prompt: str) -> list[dict[str, Any]]:
+    """Alpaca-style ``instruction`` (+ ``input``), or ``prompt``/``question``/``problem``, and any answer."""
+    extra = row.get("input") if key == "instruction" else None
+    text = f"{prompt}\n\n{extra}" if isinstance(extra, str) and extra.strip() else prompt
+    return [{"role": "user", "content": text}] + _answer_turn(row)
+
+
+def _answer_turn(row: dict[str, Any]) -> list[dict[str, Any]]:
+    answer = next((row[k] for k in ANSWER_FIELDS if isinstance(row.get(k), str) and row[k].strip()), None)
+    return [{"role": "assistant", "content": answer}] if answer else []
+
+
+def _native_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The turns to train on: up to the last assistant turn."""
+    last = max((i for i, t in enumerate(turns) if t["role"] == "assistant" and _says_something(t)), default=-1)
+    if last < 0:
+        raise Skip("no assistant turn")
+    # NOTE: turns after the last assistant turn (an agent's final observation)
+    # carry no loss, so they are cut rather than tokenised for nothing.
+    return turns[: last + 1]
+
+
+def _prompt_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """System prompt (if any) and the first user turn with text: what to send to the target."""
+    for i, turn in enumerate(turns):
+        if turn["role"] == "user" and turn["content"].strip():
+            system = next((t for t in turns[:i] if t["role"] == "system"), None)
+            user = {"role": "user", "content": turn["content"]}
+            return ([{"role": "system", "content": system["content"]}] if system else []) + [user]
+    raise Skip("no user turn with text")
+
+
+def _says_something(turn: dict[str, Any]) -> bool:
+    return bool(turn["content"].strip() or turn.get("tool_calls") or turn.get("reasoning_content"))
+
+
+def _row_id(row: dict[str, Any], index: int, dataset: str) -> str:
+    for key in ID_FIELDS:
+        value = row.get(key)
+        if value is not None and not isinstance(value, (dict, list)):
+            return str(value)
+    return f"{dataset}-{index}" if dataset else str(index)
+
+
+def _json_field(text: str, key: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise Skip(f"field {key!r} is text but not JSON") from None

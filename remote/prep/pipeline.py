@@ -1,0 +1,318 @@
+"""Prep over a whole dataset: batches of rows through normalise, template and tokenise.
+
+Every row read ends up either kept or counted under a skip reason, so the
+summary always adds up (``rows == kept + skipped``). Batches run in this
+process or, with ``num_proc > 1``, in a pool of workers that each load the
+tokenizer once; results come back in order, so outputs are deterministic.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import multiprocessing
+from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+from remote.prep.load import Malformed
+from remote.prep.normalise import Record, Skip, normalise
+from remote.prep.settings import PrepSettings, Target
+from remote.prep.template import ChatTemplate
+from remote.prep.tokenise import Encoder, Tokens
+
+
+@dataclass
+class Summary:
+    """What prep did with a dataset: the numbers behind the manifest and `inv validate`."""
+
+    rows: int = 0
+    kept: int = 0
+    skip_reasons: Counter = field(default_factory=Counter)
+    formats: Counter = field(default_factory=Counter)
+    #: Tokens of the kept records (for prompts: of the rendered prompts).
+    tokens: int = 0
+    #: Tokens under the loss mask.
+    loss_tokens: int = 0
+    min_tokens: int = 0
+    max_tokens: int = 0
+    truncated: int = 0
+
+    @property
+    def skipped(self) -> int:
+        return sum(self.skip_reasons.values())
+
+    @property
+    def mean_tokens(self) -> float | None:
+        return round(self.tokens / self.kept, 1) if self.kept and self.tokens else None
+
+    def add_tokens(self, count: int, loss: int = 0) -> None:
+        self.min_tokens = min(self.min_tokens, count) if self.tokens else count
+        self.max_tokens = max(self.max_tokens, count)
+        self.tokens += count
+        self.loss_tokens += loss
+
+    def merge(self, other: "Summary") -> None:
+        if other.tokens:
+            self.min_tokens = min(self.min_tokens, other.min_tokens) if self.tokens else other.min_tokens
+        self.max_tokens = max(self.max_tokens, other.max_tokens)
+        self.rows += other.rows
+        self.kept += other.kept
+        self.skip_reasons.update(other.skip_reasons)
+        self.formats.update(other.formats)
+        self.tokens += other.tokens
+        self.loss_tokens += other.loss_tokens
+        self.truncated += other.truncated
+
+    def top_reasons(self, n: int = 5) -> list[tuple[str, int]]:
+        return self.skip_reasons.most_common(n)
+
+    def counts(self) -> dict[str, Any]:
+        """The counts every report shows (manifest, `inv validate`, the stage's last line)."""
+        return {
+            "rows": self.rows,
+            "kept": self.kept,
+            "skipped": self.skipped,
+            "skip_reasons": dict(self.skip_reasons.most_common()),
+            "formats": dict(self.formats.most_common()),
+            "mean_tokens": self.mean_tokens,
+        }
+
+    def token_stats(self) -> dict[str, Any]:
+        return {
+            "total": self.tokens,
+            "mean": self.mean_tokens,
+            "min": self.min_tokens,
+            "max": self.max_tokens,
+            "loss_tokens": self.loss_tokens,
+            "loss_fraction": round(self.loss_tokens / self.tokens, 4) if self.tokens else None,
+            "truncated": self.truncated,
+        }
+
+
+@dataclass
+class Prepared:
+    """One batch's kept records (with their tokens, for native) and its counts."""
+
+    records: list[Record]
+    tokens: list[Tokens]
+    summary: Summary
+
+
+@dataclass
+class Started:
+    """A batch normalised and rendered, waiting for the tokenizer."""
+
+    records: list[Record]
+    texts: list[str | None]
+    spans: list[list[tuple[int, int]]]
+    summary: Summary
+
+
+class Preparer:
+    """Turns batches of rows into records; one per process."""
+
+    def __init__(self, kind: str, dataset: str, target: Target, settings: PrepSettings, tokenizer: Any = None,
+                 tokenize: bool = True) -> None:
+        self.kind = kind
+        self.dataset = dataset
+        # NOTE: tokenize=False is `inv validate` on a workstation without the target's tokenizer:
+        # rows are normalised and counted (the schema bugs), tokens are not.
+        if tokenizer is None and tokenize and (kind == "native" or target.tokenizer):
+            tokenizer = target.load()
+        self.tokenizer = tokenizer
+        self.template = ChatTemplate(tokenizer) if tokenizer is not None else None
+        self.encoder = Encoder(tokenizer, settings.max_length, settings.overlong) if tokenizer is not None else None
+
+    def process(self, batch: list[tuple[int, Any]]) -> Prepared:
+        return self.finish(self.start(batch))
+
+    def start(self, batch: list[tuple[int, Any]]) -> Started:
+        """The Python half: rows normalised and rendered with the chat template."""
+        started = Started([], [], [], Summary(rows=len(batch)))
+        for record in self._normalised(batch, started.summary):
+            try:
+                if self.kind == "native" and self.template is not None:
+                    text, spans = self.template.render_with_spans(record.conversations, record.tools)
+                elif self.kind == "native":
+                    text, spans = None, []
+                else:
+                    text, spans = self._prompt_text(record), []
+            except Skip as skip:
+                started.summary.skip_reasons[skip.reason] += 1
+                continue
+            started.records.append(record)
+            started.texts.append(text)
+            started.spans.append(spans)
+        return started
+
+    def finish(self, started: Started) -> Prepared:
+        """The tokenizer's half (it releases the GIL, so it can overlap the next `start`)."""
+        summary = started.summary
+        if self.kind != "native" or self.encoder is None:
+            summary.kept = len(started.records)
+            texts = [t for t in started.texts if t is not None]
+            if self.tokenizer is not None and texts:
+                for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]:
+                    summary.add_tokens(len(ids))
+            return Prepared(started.records, [], summary)
+        kept, kept_tokens = [], []
+        for record, result in zip(started.records, self.encoder.encode(started.texts, started.spans)):
+            if isinstance(result, Skip):
+                summary.skip_reasons[result.reason] += 1
+                continue
+            kept.append(record)
+            kept_tokens.append(result)
+            summary.add_tokens(len(result.input_ids), int(result.loss_mask.sum()))
+            summary.truncated += result.truncated
+        summary.kept = len(kept)
+        return Prepared(kept, kept_tokens, summary)
+
+    def _prompt_text(self, record: Record) -> str | None:
+        """A prompt as the target will see it, for the token stats; None leaves it out of them."""
+        if self.template is None:
+            return None
+        try:
+            return self.template.render(record.conversations, generation_prompt=True)
+        except Skip:
+            return None  # stats only: never lose a prompt over them
+
+    def _normalised(self, batch: list[tuple[int, Any]], summary: Summary) -> Iterator[Record]:
+        for index, row in batch:
+            try:
+                if isinstance(row, Malformed):
+                    raise Skip(row.reason)
+                record = normalise(row, index, self.kind, self.dataset)
+            except Skip as skip:
+                summary.skip_reasons[skip.reason] += 1
+                continue
+            except Exception as exc:  # a shape normalise did not foresee must not stop the dataset
+                summary.skip_reasons[f"unreadable row ({type(exc).__name__}: {str(exc)[:60]})"] += 1
+                continue
+            summary.formats[record.format] += 1
+            yield record
+
+
+def run_prep(
+    rows: Iterable[Any],
+    preparer_args: tuple,
+    settings: PrepSettings,
+    sink: Callable[[Prepared], None] | None = None,
+    progress: Any = None,
+) -> Summary:
+    """Prep every row; `sink` receives each batch's kept records, `progress` the counts.
+
+    `preparer_args` are `Preparer`'s arguments, so workers can build their own.
+    A bad tokenizer or template raises `PrepError` here, before any worker starts.
+    """
+    local = Preparer(*preparer_args)  # fails fast, in this process, on a bad target
+    total = Summary()
+    batches = _batches(rows, settings.batch_size)
+    with _Mapper(local, preparer_args, settings.num_proc) as mapper:
+        for prepared in mapper(batches):
+            total.merge(prepared.summary)
+            if sink is not None:
+                sink(prepared)
+            if progress is not None:
+                _report(progress, prepared.summary, total)
+    return total
+
+
+def kept_ratio_failure(summary: Summary, min_kept_ratio: float) -> str | None:
+    """Why this dataset's yield fails the stage (zero or too few records kept), or None."""
+    reasons = "; ".join(f"{reason}: {n}" for reason, n in summary.top_reasons()) or "no rows read"
+    if summary.kept == 0:
+        return f"no records kept from {summary.rows} rows; top skip reasons: {reasons}"
+    ratio = summary.kept / summary.rows
+    if ratio < min_kept_ratio:
+        return (
+            f"kept {summary.kept} of {summary.rows} rows ({ratio:.1%}), under min_kept_ratio {min_kept_ratio:.1%};"
+            f" top skip reasons: {reasons}"
+        )
+    return None
+
+
+def _batches(rows: Iterable[Any], size: int) -> Iterator[list[tuple[int, Any]]]:
+    numbered = enumerate(rows)
+    while batch := list(itertools.islice(numbered, size)):
+        yield batch
+
+
+def _report(progress: Any, batch: Summary, total: Summary) -> None:
+    if batch.kept:
+        progress.written(batch.kept)
+    for reason, n in batch.skip_reasons.items():
+        progress.skipped(reason, n)
+    progress.metrics(rows=total.rows, tokens=total.tokens)
+
+
+class _Mapper:
+    """Maps batches through a `Preparer` here, or through a pool of workers."""
+
+    def __init__(self, local: Preparer, preparer_args: tuple, num_proc: int) -> None:
+        self.local = local
+        self.preparer_args = preparer_args
+        self.num_proc = num_proc
+        self.pool = None
+
+    def __enter__(self) -> Callable[[Iterable[list]], Iterator[Prepared]]:
+        if self.num_proc == 1:
+            return self._overlapped
+        global _worker
+        if "fork" in multiprocessing.get_all_start_methods():
+            # NOTE: forked workers inherit this process's preparer (tokenizer
+            # loaded, template compiled), so they start in milliseconds.
+            _worker = self.local
+            self.pool = multiprocessing.get_context("fork").Pool(self.num_proc)
+        else:
+            self.pool = multiprocessing.get_context("spawn").Pool(
+                self.num_proc, initializer=_init_worker, initargs=self.preparer_args
+            )
+        return self._in_pool
+
+    def _overlapped(self, batches: Iterable[list]) -> Iterator[Prepared]:
+        """In this process, one batch is tokenised on a thread while the next is rendered."""
+        with ThreadPoolExecutor(1) as tokenizer_thread:
+            pending = None
+            for batch in batches:
+                started = self.local.start(batch)
+                if pending is not None:
+                    yield pending.result()
+                pending = tokenizer_thread.submit(self.local.finish, started)
+            if pending is not None:
+                yield pending.result()
+
+    def _in_pool(self, batches: Iterable[list]) -> Iterator[Prepared]:
+        """Results in order, with a few batches in flight (`Pool.imap` would read the whole dataset ahead)."""
+        pending: collections.deque = collections.deque()
+        for batch in batches:
+            pending.append(self.pool.apply_async(_work, (batch,)))
+            if len(pending) >= 2 * self.num_proc:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.terminate() if exc[0] else self.pool.close()
+            self.pool.join()
+
+
+_worker: Preparer | Exception | None = None
+
+
+def _init_worker(*preparer_args: Any) -> None:
+    global _worker
+    # NOTE: an initializer that raises makes Pool respawn workers forever; the
+    # error is kept and raised by the first task instead, which ends the run.
+    try:
+        _worker = Preparer(*preparer_args)
+    except Exception as exc:
+        _worker = exc
+
+
+def _work(batch: list[tuple[int, Any]]) -> Prepared:
+    if isinstance(_worker, Exception):
+        raise _worker
+    return _worker.process(batch)
