@@ -1,7 +1,8 @@
 """aerie: run the EAGLE-3 data and training pipeline on a GPU host from this checkout.
 
 `inv --list` shows the tasks; every task takes -i/--inventory NAME|PATH
-(default: Invoke's config key `inventory`, `local` in invoke.yaml).
+(default: Invoke's config key `inventory`, `local` in invoke.yaml). An inventory
+with several `hosts` runs each task on all of them at once.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from invoke import Collection, Context, Exit
 
 from local import control, validate as validating
 from local.cli import console, inventory_name, task
+from local.fleet import fleet
 from local.inventory import load
 
 INVENTORY = "inventory NAME (inventories/NAME.yaml) or a path; default: config key `inventory`"
@@ -24,25 +26,28 @@ def validate(c: Context, inventory: str | None = None, json: bool = False) -> No
 
 @task(help={"inventory": INVENTORY, "dry_run": "list what would be added, changed and removed; send nothing"})
 def deploy(c: Context, inventory: str | None = None, dry_run: bool = False) -> None:
-    """Check locally, then sync remote/ to the host as a new release, atomically."""
-    with control.session(inventory_name(c, inventory)) as host:
-        control.deploy(host, console(), dry_run=dry_run)
+    """Check locally, then sync remote/ to the host(s) as a new release, atomically."""
+    with fleet(inventory_name(c, inventory)) as hosts:
+        validating.check(hosts.inventory, console())
+        hosts.raise_failures(hosts.each(lambda host, out: control.deploy(host, out, dry_run), console()))
 
 
 @task(help={"stage": "the stage to run: prep, infer, extract or train", "dataset": DATASET, "inventory": INVENTORY})
 def launch(c: Context, stage: str, dataset: str | None = None, inventory: str | None = None) -> None:
     """Start one detached job per dataset for a stage."""
-    with control.session(inventory_name(c, inventory)) as host:
-        host.inventory.stage(stage)
-        control.launch(host, console(), stage, control.split(dataset))
+    with fleet(inventory_name(c, inventory)) as hosts:
+        hosts.inventory.stage(stage), hosts.inventory.select(control.split(dataset))
+        hosts.raise_failures(hosts.each(lambda host, out: control.launch(host, out, stage, control.split(dataset)),
+                                        console()))
 
 
 @task(help={"inventory": INVENTORY, "json": "print a JSON list instead of the table",
             "watch": "refresh the table in place every N seconds (Ctrl-C ends)"})
 def status(c: Context, inventory: str | None = None, json: bool = False, watch: float = 0) -> None:
-    """Every job's state, records, rate and last line, from one remote command."""
-    with control.session(inventory_name(c, inventory)) as host:
-        state = control.status(host, console(), as_json=json, watch=watch)
+    """Every job's state, records, rate and last line, from one remote command per host."""
+    name = inventory_name(c, inventory)
+    with fleet(name) as hosts:
+        state = control.status(hosts.status, console(), hosts.title, as_json=json, watch=watch)
     if control.status_view.any_bad(state):
         raise Exit(code=1)
 
@@ -52,8 +57,11 @@ def status(c: Context, inventory: str | None = None, json: bool = False, watch: 
 def rerun(c: Context, failed: bool = True, dataset: str | None = None, stage: str | None = None,
           inventory: str | None = None) -> None:
     """Relaunch exactly the jobs that failed, died, came out empty or stalled, on the current release."""
-    with control.session(inventory_name(c, inventory)) as host:
-        control.rerun(host, console(), control.split(dataset), control.split(stage))
+    with fleet(inventory_name(c, inventory)) as hosts:
+        names, stages = hosts.inventory.select(control.split(dataset)) if dataset else None, control.split(stage)
+        for one in stages or []:
+            hosts.inventory.stage(one)
+        hosts.raise_failures(hosts.each(lambda host, out: control.rerun(host, out, names, stages), console()))
 
 
 @task(help={"dataset": "the dataset whose log to show", "stage": "its stage; default: the latest started",
@@ -62,8 +70,8 @@ def rerun(c: Context, failed: bool = True, dataset: str | None = None, stage: st
 def logs(c: Context, dataset: str, stage: str | None = None, n: int = 50, follow: bool = False,
          inventory: str | None = None) -> None:
     """Print the end of a job's log, or follow it."""
-    with control.session(inventory_name(c, inventory)) as host:
-        control.logs(host, dataset, stage, n, follow)
+    with fleet(inventory_name(c, inventory)) as hosts:
+        control.logs(hosts.host_of(dataset), dataset, stage, n, follow)
 
 
 @task(help={"dataset": "comma-separated dataset names (or --all)", "all": "stop every job",
@@ -73,40 +81,45 @@ def stop(c: Context, dataset: str | None = None, all: bool = False, stage: str |
     """End running jobs (their whole process group) and record them as stopped."""
     if not (dataset or all):
         raise Exit("aerie: name the datasets to stop (inv stop -d A1,B5) or pass --all", code=2)
-    with control.session(inventory_name(c, inventory)) as host:
-        control.stop(host, console(), control.split(dataset), control.split(stage))
+    with fleet(inventory_name(c, inventory)) as hosts:
+        names, stages = control.split(dataset), control.split(stage)
+        hosts.raise_failures(hosts.each(lambda host, out: control.stop(host, out, names, stages), console()))
 
 
 @task(help={"inventory": INVENTORY, "fingerprint": "trust only if the key's SHA256 fingerprint is this",
             "yes": "trust without asking (after checking the fingerprint yourself)"})
 def trust(c: Context, inventory: str | None = None, fingerprint: str | None = None, yes: bool = False) -> None:
     """Show the host's key fingerprint and add it to known_hosts when you confirm."""
-    control.trust(load(inventory_name(c, inventory)), console(), fingerprint, yes)
+    inventory_ = load(inventory_name(c, inventory))
+    for view in inventory_.views().values():
+        control.trust(view, console(), fingerprint, yes)
 
 
 @task(help={"dataset": DATASET, "inventory": INVENTORY, "follow": "show the table until the pipeline ends"})
 def run(c: Context, dataset: str | None = None, inventory: str | None = None, follow: bool = False) -> None:
-    """Start the whole pipeline (prep, infer, tokenize, extract, train) under a runner on the host."""
-    with control.session(inventory_name(c, inventory)) as host:
-        control.run(host, console(), control.split(dataset))
-        if follow and control.status_view.any_bad(control.follow(host, console())):
+    """Start the whole pipeline (prep, infer, tokenize, extract, train) under a runner on each host."""
+    with fleet(inventory_name(c, inventory)) as hosts:
+        names = hosts.inventory.select(control.split(dataset)) if dataset else None
+        hosts.raise_failures(hosts.each(lambda host, out: control.run(host, out, names), console()))
+        if follow and control.status_view.any_bad(control.follow(hosts.status, console(), hosts.title)):
             raise Exit(code=1)
 
 
 @task(help={"inventory": INVENTORY})
 def check(c: Context, inventory: str | None = None) -> None:
     """Check the host: Python and packages, GPUs, free disk for the hidden states, the server's flags."""
-    with control.session(inventory_name(c, inventory)) as host:
-        results = control.check(host, console())
-    if any(r["status"] == "fail" for r in results):
+    with fleet(inventory_name(c, inventory)) as hosts:
+        results = hosts.each(control.check, console())
+    hosts.raise_failures(results)
+    if any(r["status"] == "fail" for checks in results.values() for r in checks):
         raise Exit(code=1)
 
 
 @task
 def demo(c: Context) -> None:
     """Run the whole pipeline on the embedded `local` inventory with a tiny model built offline."""
-    with control.session("local") as host:
-        state = control.demo(host, console())
+    with fleet("local") as hosts:
+        state = control.demo(hosts.single, console())
     if control.status_view.any_bad(state):
         raise Exit("aerie: the demo did not finish cleanly; see the table above and `inv logs`", code=1)
 

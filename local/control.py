@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any, Iterator
-from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from rich.console import Console
 from rich.live import Live
@@ -17,7 +16,7 @@ from local import deploy as deploying
 from local import jobs, pipeline, status_view, trust as trusting, validate as validating
 from local.errors import AerieError
 from local.host import RemoteHost
-from local.inventory import Inventory, load
+from local.inventory import Inventory
 from local.transport import SshTransport
 from remote.states import BAD, JobState
 
@@ -26,24 +25,19 @@ CHECK_STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 LISTED = 12  # paths a deploy lists before it summarises (a dry run lists all)
 
 
-@contextmanager
-def session(name: str) -> Iterator[RemoteHost]:
-    """The inventory's host, with its one connection closed at the end."""
-    host = RemoteHost(load(name))
-    try:
-        yield host
-    finally:
-        host.close()
-
-
 def split(names: str | None) -> list[str] | None:
     """`A1,B5` (or repeated flags joined by Invoke) as a list; None for all."""
     return [n for n in names.replace(" ", ",").split(",") if n] if names else None
 
 
+def mine(host: RemoteHost, datasets: list[str] | None) -> list[str] | None:
+    """Of the datasets named for the whole inventory, those this host runs (None: all of its own)."""
+    return None if datasets is None else [d for d in datasets if d in host.inventory.datasets]
+
+
 def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | None:
+    """Send what changed to one host (`inv deploy` has validated the inventory's data first)."""
     deploying.check_sources()
-    validating.check(host.inventory, console)
     plan = deploying.plan(host, deploying.manifest())
     where = f"{host.name}:{host.root}"
     if plan.is_noop:
@@ -67,20 +61,22 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | N
 
 
 def launch(host: RemoteHost, console: Console, stage: str, datasets: list[str] | None) -> list[dict[str, Any]]:
-    results = host.call("launch", specs=jobs.specs(host.inventory, stage, datasets))
+    names = mine(host, datasets)
+    if names == [] or not host.inventory.datasets:
+        return []
+    results = host.call("launch", specs=jobs.specs(host.inventory, stage, names))
     report(console, results, "launched")
     return results
 
 
 def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages: list[str] | None) -> list[dict[str, Any]]:
     inventory = host.inventory
-    if datasets:
-        inventory.select(datasets)  # an unknown name is an error before anything runs
-    for stage in stages or []:
-        inventory.stage(stage)
+    names = mine(host, datasets)
+    if names == []:
+        return []
     results = host.call(
         "rerun", specs=jobs.all_specs(inventory), states=sorted(s.value for s in BAD),
-        datasets=datasets, stages=stages,
+        datasets=names, stages=stages,
     )
     relaunched = [r for r in results if r["launched"]]
     report(console, relaunched, "relaunched")
@@ -91,7 +87,10 @@ def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages
 
 def run(host: RemoteHost, console: Console, datasets: list[str] | None) -> dict[str, Any]:
     """Start the pipeline runner on the host: one remote command."""
-    spec = pipeline.runner_spec(host.inventory, datasets)
+    names = mine(host, datasets)
+    if names == [] or not host.inventory.datasets:
+        return {}
+    spec = pipeline.runner_spec(host.inventory, names)
     result = host.call("launch", specs=[spec])[0]
     if not result["launched"]:
         raise AerieError(f"the pipeline is {result['reason'].replace('already running', 'already running on ' + host.name)}: "
@@ -101,14 +100,14 @@ def run(host: RemoteHost, console: Console, datasets: list[str] | None) -> dict[
     return result
 
 
-def follow(host: RemoteHost, console: Console, interval: float = 2.0) -> dict[str, Any]:
-    """Refresh the table until the pipeline runner has ended; its final state."""
+def follow(fetch: Callable[[], dict[str, Any]], console: Console, title: str, interval: float = 2.0) -> dict[str, Any]:
+    """Refresh the table until every pipeline runner has ended; the final status."""
     with Live(console=console, auto_refresh=False) as live:
         while True:
-            state = host.call("status")
-            live.update(status_view.render(state, title=f"{host.name}:{host.root}"), refresh=True)
-            runner = next((j for j in state["jobs"] if (j["dataset"], j["stage"]) == ("pipeline", "run")), None)
-            if runner and JobState(runner["state"]).is_terminal():
+            state = fetch()
+            live.update(status_view.render(state, title=title), refresh=True)
+            runners = [j for j in state["jobs"] if (j["dataset"], j["stage"]) == (pipeline.RUNNER, "run")]
+            if all(JobState(r["state"]).is_terminal() for r in runners) or state.get("unreachable"):
                 return state
             time.sleep(interval)
 
@@ -129,11 +128,12 @@ def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
 
 def demo(host: RemoteHost, console: Console) -> dict[str, Any]:
     """The whole pipeline on the embedded `local` inventory, with a tiny target built offline."""
+    validating.check(host.inventory, console)
     deploy(host, console)
     built = host.call("assets")
     console.print(f"{'built' if built['built'] else 'reusing'} the tiny target in {built['path']}")
     run(host, console, None)
-    return follow(host, console)  # its last frame stays on the screen
+    return follow(lambda: host.call("status"), console, f"{host.name}:{host.root}")  # its last frame stays
 
 
 def report(console: Console, results: list[dict[str, Any]], verb: str) -> None:
@@ -145,25 +145,22 @@ def report(console: Console, results: list[dict[str, Any]], verb: str) -> None:
             console.print(f"[yellow]skipped {job}: {result['reason']}[/]")
 
 
-def status(host: RemoteHost, console: Console, as_json: bool = False, watch: float = 0) -> dict[str, Any]:
-    if watch:
-        return _watch(host, console, watch)
-    state = host.call("status")
+def status(fetch: Callable[[], dict[str, Any]], console: Console, title: str, as_json: bool = False,
+           watch: float = 0) -> dict[str, Any]:
+    """One status (from `fetch`: one remote command per host), as a table, JSON, or refreshed in place."""
+    state = fetch()
     if as_json:
         print(json.dumps(status_view.as_json(state), indent=2))
-    else:
-        console.print(status_view.render(state, title=f"{host.name}:{host.root}"))
-    return state
-
-
-def _watch(host: RemoteHost, console: Console, interval: float) -> dict[str, Any]:
-    state = host.call("status")
-    with Live(status_view.render(state), console=console, auto_refresh=False) as live:
+        return state
+    if not watch:
+        console.print(status_view.render(state, title=title))
+        return state
+    with Live(status_view.render(state, title=title), console=console, auto_refresh=False) as live:
         try:
             while True:
-                time.sleep(interval)
-                state = host.call("status")
-                live.update(status_view.render(state, title=f"{host.name}:{host.root}"), refresh=True)
+                time.sleep(watch)
+                state = fetch()
+                live.update(status_view.render(state, title=title), refresh=True)
         except KeyboardInterrupt:
             pass
     return state
@@ -176,7 +173,8 @@ def logs(host: RemoteHost, dataset: str, stage: str | None, lines: int, follow: 
 
 
 def stop(host: RemoteHost, console: Console, datasets: list[str] | None, stages: list[str] | None) -> None:
-    results = host.call("stop", datasets=datasets, stages=stages)
+    names = mine(host, datasets) if datasets and not set(datasets) & {pipeline.DRAFT, pipeline.RUNNER} else datasets
+    results = host.call("stop", datasets=names, stages=stages) if names != [] else []
     stopped = [r for r in results if r["stopped"]]
     for result in stopped:
         console.print(f"stopped {result['dataset']}/{result['stage']}")
@@ -185,8 +183,8 @@ def stop(host: RemoteHost, console: Console, datasets: list[str] | None, stages:
 
 
 def trust(inventory: Inventory, console: Console, expect: str | None, yes: bool) -> None:
-    if inventory.backend != "ssh":
-        raise AerieError(f"{inventory.path}: backend is {inventory.backend}; only ssh hosts have keys to trust")
+    if inventory.host is None or not inventory.host.address:
+        raise AerieError(f"{inventory.path}: trust works on one host reached over SSH (set host.address)")
     transport = SshTransport(inventory.host)
     name, key = trusting.scan(transport)
     console.print(f"{name} presents {key.get_name()} {key.fingerprint}")

@@ -22,7 +22,7 @@ class RemoteHost:
         self.inventory = inventory
         self.root = inventory.host.root
         self.python = inventory.host.python
-        self.transport = transport or open_transport(inventory)
+        self.transport = transport or open_transport(inventory.host)
 
     @property
     def name(self) -> str:

@@ -7,7 +7,7 @@ never as a traceback.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -39,6 +39,7 @@ class Host(Strict):
 
 class Dataset(Strict):
     source: str
+    host: str | None = Field(None, description="which of `hosts` runs it; default: spread evenly")
     kind: Literal["native", "prompts"]
     config: str | None = None
     split: str = "train"
@@ -116,9 +117,34 @@ class Target(Strict):
     trust_remote_code: bool = False
 
 
+class Resources(Strict):
+    """What `sbatch` asks for (backend slurm); None leaves Slurm's default."""
+
+    partition: str | None = None
+    account: str | None = None
+    gpus: int | None = Field(None, ge=0)
+    cpus: int | None = Field(None, ge=1)
+    mem: str | None = None
+    time: str | None = None
+    extra: list[str] = Field(default_factory=list, description="more sbatch options, e.g. ['--qos=high']")
+
+
+class Slurm(Resources):
+    """Defaults for every job, and per-stage resources on top (e.g. `stages: {extract: {gpus: 8}}`)."""
+
+    stages: dict[str, Resources] = Field(default_factory=dict)
+
+    def for_stage(self, stage: str) -> dict[str, Any]:
+        base = self.model_dump(exclude={"stages"})
+        override = self.stages[stage].model_dump(exclude_unset=True) if stage in self.stages else {}
+        return {**base, **override}
+
+
 class Inventory(Strict):
-    backend: Literal["ssh", "local"]
-    host: Host
+    backend: Literal["ssh", "local", "slurm"]
+    host: Host | None = Field(None, description="the one host (for slurm: the login node; no address: this machine)")
+    hosts: dict[str, Host] = Field(default_factory=dict, description="several SSH hosts, by name, instead of `host`")
+    slurm: Slurm = Field(default_factory=Slurm)
     target: Target = Field(default_factory=Target)
     stages: Stages = Field(default_factory=Stages)
     datasets: dict[str, Dataset] = Field(default_factory=dict)
@@ -126,10 +152,46 @@ class Inventory(Strict):
     path: Path | None = Field(None, exclude=True)
 
     @model_validator(mode="after")
-    def _address_for_ssh(self) -> "Inventory":
-        if self.backend == "ssh" and not self.host.address:
-            raise ValueError("host.address is required when backend is ssh")
+    def _hosts(self) -> "Inventory":
+        if (self.host is None) == (not self.hosts):
+            raise ValueError("give either `host` (one host) or `hosts` (several, by name)")
+        if self.hosts and self.backend != "ssh":
+            raise ValueError(f"several `hosts` need backend ssh, not {self.backend}")
+        for name, host in ({"host": self.host} if self.host else self.hosts).items():
+            if self.backend == "ssh" and not host.address:
+                raise ValueError(f"{name if name == 'host' else 'hosts.' + name}.address is required when backend is ssh")
+        for name, dataset in self.datasets.items():
+            if dataset.host is not None and dataset.host not in self.hosts:
+                raise ValueError(f"datasets.{name}.host {dataset.host!r} is not one of hosts: {', '.join(self.hosts) or '(none)'}")
         return self
+
+    @property
+    def is_multi_host(self) -> bool:
+        return bool(self.hosts)
+
+    def assignment(self) -> dict[str, str]:
+        """Which host runs each dataset: its `host`, else spread evenly in inventory order."""
+        names = sorted(self.hosts)
+        load = {name: 0 for name in names}
+        placed = {ds: d.host for ds, d in self.datasets.items() if d.host}
+        for ds in placed.values():
+            load[ds] += 1
+        for ds in self.datasets:
+            if ds not in placed:
+                placed[ds] = min(names, key=lambda name: (load[name], names.index(name)))
+                load[placed[ds]] += 1
+        return {ds: placed[ds] for ds in self.datasets}
+
+    def views(self) -> dict[str, "Inventory"]:
+        """One single-host inventory per host, holding the datasets it runs; {} name for one host."""
+        if not self.hosts:
+            return {"": self}
+        assignment = self.assignment()
+        return {
+            name: self.model_copy(update={"host": host, "hosts": {}, "datasets": {
+                ds: d for ds, d in self.datasets.items() if assignment[ds] == name}})
+            for name, host in sorted(self.hosts.items())
+        }
 
     def stage(self, name: str) -> Stage:
         if name not in Stages.model_fields:
@@ -171,7 +233,7 @@ def load(name_or_path: str) -> Inventory:
     except ValidationError as exc:
         raise AerieError(f"{path}: " + "; ".join(_describe(e) for e in exc.errors()))
     inventory.path = path
-    if inventory.backend == "local":
+    if inventory.host is not None and not inventory.host.address:
         # Relative paths of this machine are the checkout's: the root (git-ignored), the venv.
         inventory.host.root = str((REPO / inventory.host.root).resolve())
         if "/" in inventory.host.python and not Path(inventory.host.python).is_absolute():
@@ -192,13 +254,15 @@ def _describe(error: dict[str, Any]) -> str:
 def _model_at(location: tuple[Any, ...]) -> type[BaseModel]:
     """The model that validates the mapping at `location`, to list the keys it knows."""
     model: type[BaseModel] = Inventory
-    for part in location:
+    parts = iter(location)
+    for part in parts:
         field = model.model_fields.get(str(part))
-        if field is None:  # a name inside a dict, such as a dataset's
-            continue
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            model = annotation
-        elif str(part) == "datasets":
-            model = Dataset
+        if field is None:
+            break
+        inner = [a for a in (field.annotation, *get_args(field.annotation)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if get_origin(field.annotation) is dict:  # e.g. datasets.<name>: the next part is a name
+            model = get_args(field.annotation)[1]
+            next(parts, None)
+        elif inner:
+            model = inner[0]
     return model

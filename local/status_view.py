@@ -34,10 +34,15 @@ class Column:
 
 @dataclass(frozen=True)
 class View:
-    """What the table needs besides the jobs: the host's clock and current release."""
+    """What the table needs besides the jobs: the host's clock and current release (per host, for several)."""
 
     now: float
-    current_release: str | None
+    current_release: str | dict[str, str | None] | None
+
+    def current_for(self, job: Job) -> str | None:
+        if isinstance(self.current_release, dict):
+            return self.current_release.get(job.get("host", ""))
+        return self.current_release
 
 
 def elapsed(job: Job, view: View) -> float:
@@ -70,7 +75,8 @@ def release(job: Job, view: View) -> Text:
     if not name:
         return Text("-")
     short = name.rsplit("-", 1)[-1]
-    if view.current_release and name != view.current_release:
+    current = view.current_for(job)
+    if current and name != current:
         return Text(f"{short} (old)", style="yellow")
     return Text(short)
 
@@ -98,25 +104,36 @@ COLUMNS = [
 ]
 
 
+HOST = Column("host", lambda job, view: job.get("host", ""))
+UNREACHABLE = "unreachable"
+
+
 def render(status: dict[str, Any], title: str | None = None) -> Table | Text:
-    if not status["jobs"]:
+    """The table; with several hosts, a host column and a row for each host that did not answer."""
+    unreachable = status.get("unreachable", [])
+    if not status["jobs"] and not unreachable:
         return Text("No jobs yet.")
-    view = View(now=status.get("now", time.time()), current_release=status.get("current_release"))
+    view = View(now=status.get("now") or time.time(), current_release=status.get("current_release"))
+    columns = [HOST, *COLUMNS] if isinstance(view.current_release, dict) else COLUMNS
     table = Table(title=title, title_justify="left")
-    for column in COLUMNS:
+    for column in columns:
         table.add_column(column.header, justify=column.justify, overflow="fold" if column.header.startswith("last") else "ellipsis")  # type: ignore[arg-type]
     for job in status["jobs"]:
-        table.add_row(*(column.cell(job, view) for column in COLUMNS))
+        table.add_row(*(column.cell(job, view) for column in columns))
+    for host in unreachable:
+        blank = [""] * (len(columns) - 3)
+        table.add_row(host["host"], "*", Text(UNREACHABLE, "bold red"), *blank[:-1], Text(host["message"], "red"))
     return table
 
 
 def any_bad(status: dict[str, Any]) -> bool:
-    return any(JobState(job["state"]).is_bad() for job in status["jobs"])
+    return bool(status.get("unreachable")) or any(JobState(job["state"]).is_bad() for job in status["jobs"])
 
 
-JSON_KEYS = ("dataset", "stage", "state", "records", "skipped", "skip_reasons", "exit_code", "release",
+JSON_KEYS = ("host", "dataset", "stage", "state", "records", "skipped", "skip_reasons", "exit_code", "release",
              "started_at", "ended_at", "message", "metrics", "waiting_for", "signal")
 
 
 def as_json(status: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{key: job.get(key) for key in JSON_KEYS} for job in status["jobs"]]
+    jobs = [{key: job.get(key) for key in JSON_KEYS if key in job or key != "host"} for job in status["jobs"]]
+    return jobs + [{"host": h["host"], "state": UNREACHABLE, "message": h["message"]} for h in status.get("unreachable", [])]

@@ -19,7 +19,7 @@ import paramiko
 from fabric import Config, Connection
 
 from local.errors import AerieError
-from local.inventory import Host, Inventory
+from local.inventory import Host
 
 #: Set by the test suite: refuse any SSH address that is not loopback.
 LOOPBACK_ONLY_ENV = "AERIE_TEST_ONLY_LOOPBACK"
@@ -194,10 +194,9 @@ def _refuse_non_loopback(address: str) -> None:
         raise AerieError(f"refusing to connect to {address} ({resolved}): tests may reach loopback only")
 
 
-def open_transport(inventory: Inventory) -> Transport:
-    if inventory.backend == "local":
-        return LocalTransport()
-    return SshTransport(inventory.host)
+def open_transport(host: Host) -> Transport:
+    """SSH to a host with an address; this machine for one without (backend local, a local Slurm login node)."""
+    return SshTransport(host) if host.address else LocalTransport()
 
 
 def stdout_stream() -> BinaryIO:

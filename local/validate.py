@@ -36,7 +36,9 @@ def sample_of(inventory: Inventory, name: str) -> str:
 
 
 def request(inventory: Inventory) -> dict[str, Any]:
-    target = jobs.on_host(inventory.target.model_dump(), inventory.host.root)
+    target = inventory.target.model_dump()
+    if inventory.host is not None:  # `{root}`: the one host's (on the local backend, this machine's)
+        target = jobs.on_host(target, inventory.host.root)
     return {
         "target": target,
         "stage": inventory.stages.prep.model_dump(exclude={"command", "stall_after"}),

@@ -35,7 +35,7 @@ def test_the_shipped_inventories_load() -> None:
         ("backend: local\nhost: {root: r}\ndatasets: {A1: {source: s, kind: natve}}\n",
          "datasets.A1.kind: Input should be 'native' or 'prompts' (got 'natve')"),
         ("backend: local\nhost: {root: r, port: abc}\n", "host.port: Input should be a valid integer"),
-        ("backend: local\n", "host: missing (required)"),
+        ("backend: local\n", "give either `host` (one host) or `hosts` (several, by name)"),
         ("backend: ssh\nhost: {root: /r}\n", "host.address is required when backend is ssh"),
         ("backend: local\nhost: {root: r}\nstages: {prep: {max_lenght: 3}}\n",
          "stages.prep.max_lenght: unknown key (expected one of: command, stall_after, max_length"),
