@@ -90,6 +90,8 @@ def run(host: RemoteHost, console: Console, datasets: list[str] | None) -> dict[
     names = mine(host, datasets)
     if names == [] or not host.inventory.datasets:
         return {}
+    if host.inventory.backend == "slurm":
+        return _submit_pipeline(host, console, names)
     spec = pipeline.runner_spec(host.inventory, names)
     result = host.call("launch", specs=[spec])[0]
     if not result["launched"]:
@@ -98,6 +100,12 @@ def run(host: RemoteHost, console: Console, datasets: list[str] | None) -> dict[
     console.print(f"pipeline started on {host.name} (runner pid {result['pid']}): "
                   f"{len(spec['config']['stage']['plan'])} jobs; `inv status --watch` follows it")
     return result
+
+
+def _submit_pipeline(host: RemoteHost, console: Console, datasets: list[str] | None) -> dict[str, Any]:
+    results = host.call("launch", specs=pipeline.slurm_specs(host.inventory, datasets))
+    report(console, results, "submitted")
+    return {"submitted": [r for r in results if r["launched"]]}
 
 
 def follow(fetch: Callable[[], dict[str, Any]], console: Console, title: str, interval: float = 2.0) -> dict[str, Any]:
@@ -140,7 +148,8 @@ def report(console: Console, results: list[dict[str, Any]], verb: str) -> None:
     for result in results:
         job = f"{result['dataset']}/{result['stage']}"
         if result["launched"]:
-            console.print(f"{verb} {job} (pid {result['pid']})")
+            where = f"Slurm job {result['slurm_job_id']}" if result.get("slurm_job_id") else f"pid {result['pid']}"
+            console.print(f"{verb} {job} ({where})")
         else:
             console.print(f"[yellow]skipped {job}: {result['reason']}[/]")
 

@@ -31,8 +31,9 @@ class RemoteHost:
     def command(self, verb: str, args: dict[str, Any]) -> str:
         current = shlex.quote(f"{self.root}/current")
         payload = shlex.quote(json.dumps({"root": self.root, **args}))
+        env = "".join(f"{k}={shlex.quote(v)} " for k, v in self.inventory.host.env.items())
         return (f"[ -d {current} ] || exit {NOT_DEPLOYED}; cd {current} && "
-                f"PYTHONPATH=.${{PYTHONPATH:+:$PYTHONPATH}} exec {self.python} -m remote {verb} {payload}")
+                f"{env}PYTHONPATH=.${{PYTHONPATH:+:$PYTHONPATH}} exec {self.python} -m remote {verb} {payload}")
 
     def call(self, verb: str, **args: Any) -> Any:
         """One remote command; its payload, or an `AerieError` with the host's reason."""

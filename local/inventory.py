@@ -35,6 +35,7 @@ class Host(Strict):
     python: str = "python3"
     connect_timeout: float = 10.0
     keepalive: int = 15
+    env: dict[str, str] = Field(default_factory=dict, description="set for aerie's commands there, e.g. SLURM_CONF")
 
 
 class Dataset(Strict):

@@ -50,11 +50,25 @@ def plan(inventory: Inventory, datasets: list[str] | None) -> list[dict[str, Any
     return nodes
 
 
+def server_settings(inventory: Inventory) -> dict[str, Any]:
+    infer = inventory.stages.infer
+    return {"command": infer.server_command and infer.server_command.replace("{root}", inventory.host.root),
+            "url": infer.server_url, "start_timeout": infer.server_start_timeout, "env": infer.server_env}
+
+
+def slurm_specs(inventory: Inventory, datasets: list[str] | None) -> list[dict[str, Any]]:
+    """On Slurm there is no runner: every job is submitted at once, each `afterok` the jobs it
+    needs; Slurm's resources keep the GPUs exclusive, and an infer job starts its own server."""
+    return [
+        jobs.slurm_spec(inventory, n["spec"]) | {"after": n["needs"], "order": index}
+        | ({"server": server_settings(inventory)} if n["server"] else {})
+        for index, n in enumerate(plan(inventory, datasets))
+    ]
+
+
 def runner_spec(inventory: Inventory, datasets: list[str] | None) -> dict[str, Any]:
     """The `pipeline/run` job: the runner, with the plan and the inference server it manages."""
-    infer = inventory.stages.infer
-    server = {"command": infer.server_command and infer.server_command.replace("{root}", inventory.host.root),
-              "url": infer.server_url, "start_timeout": infer.server_start_timeout, "env": infer.server_env}
+    server = server_settings(inventory)
     return {
         "dataset": RUNNER, "stage": "run", "command": None, "source": "", "kind": "native",
         "stall_after": 10 ** 9,  # it beats every tick; waiting on a long job is not a stall

@@ -131,9 +131,13 @@ def any_bad(status: dict[str, Any]) -> bool:
 
 
 JSON_KEYS = ("host", "dataset", "stage", "state", "records", "skipped", "skip_reasons", "exit_code", "release",
-             "started_at", "ended_at", "message", "metrics", "waiting_for", "signal")
+             "started_at", "ended_at", "message", "metrics", "waiting_for", "signal", "slurm_job_id", "slurm_state", "node")
+
+
+#: Keys shown only where they apply: several hosts, the Slurm backend.
+OPTIONAL_KEYS = {"host", "slurm_job_id", "slurm_state", "node"}
 
 
 def as_json(status: dict[str, Any]) -> list[dict[str, Any]]:
-    jobs = [{key: job.get(key) for key in JSON_KEYS if key in job or key != "host"} for job in status["jobs"]]
+    jobs = [{key: job.get(key) for key in JSON_KEYS if key in job or key not in OPTIONAL_KEYS} for job in status["jobs"]]
     return jobs + [{"host": h["host"], "state": UNREACHABLE, "message": h["message"]} for h in status.get("unreachable", [])]

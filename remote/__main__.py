@@ -19,6 +19,7 @@ from typing import Any, Callable
 from remote import jobs
 from remote.jobs import HostError
 from remote.progress import read_json
+from remote.slurm_jobs import NEVER
 from remote.states import BAD, JobState
 from remote.wire import emit
 
@@ -36,7 +37,33 @@ def each(work: Callable[[Any], Any], items: list[Any]) -> list[Any]:
 
 def launch(args: dict[str, Any]) -> Any:
     root = Path(args["root"])
+    if any("after" in spec for spec in args["specs"]):
+        return submit_in_order(root, args["specs"])
     return each(lambda spec: jobs.launch(root, spec), args["specs"])
+
+
+def submit_in_order(root: Path, specs: list[dict[str, Any]], only: set[JobState] | None = None) -> list[dict[str, Any]]:
+    """A pipeline on Slurm: each job submitted after the jobs it needs (`afterok`), in plan order.
+
+    A needed job that is queued or running already is waited for by its Slurm id; one
+    that has succeeded is not waited for at all.
+    """
+    ids: dict[str, str] = {}
+    results = []
+    for spec in specs:
+        after = [ids.get(key) or _queued_id(root, key) for key in spec.get("after", [])]
+        result = jobs.launch(root, spec, only=only, after=[a for a in after if a])
+        if result.get("slurm_job_id"):
+            ids[f"{spec['dataset']}/{spec['stage']}"] = result["slurm_job_id"]
+        results.append(result)
+    return results
+
+
+def _queued_id(root: Path, key: str) -> str | None:
+    state = read_json(root / "jobs" / key / "state.json", {})
+    if state.get("slurm_job_id") and jobs.is_active(state, JobState(jobs.describe(root / "jobs" / key, time.time())["state"])):
+        return state["slurm_job_id"]
+    return None
 
 
 def rerun(args: dict[str, Any]) -> Any:
@@ -49,6 +76,8 @@ def rerun(args: dict[str, Any]) -> Any:
     only = {JobState(s) for s in args.get("states", [s.value for s in BAD])}
     fresh = args.get("specs", {})
     selected = [d for d in jobs.all_job_dirs(root) if _selected(args, d.parent.name, d.name)]
+    if any(read_json(d / "state.json", {}).get("slurm_job_id") for d in selected):
+        return rerun_on_slurm(root, selected, only, fresh)
     planned = pipeline_keys(root)
     bad_planned = [d for d in selected if _key(d) in planned and _is_bad(d, only)]
     results = []
@@ -60,6 +89,22 @@ def rerun(args: dict[str, Any]) -> Any:
         return jobs.launch(root, spec, only=only)
 
     return results + each(relaunch, [d for d in selected if _key(d) not in planned and _key(d) != RUNNER])
+
+
+def rerun_on_slurm(root: Path, selected: list[Path], only: set[JobState], fresh: dict[str, Any]) -> list[dict[str, Any]]:
+    """Resubmit the bad jobs and, after them, their dependents that Slurm holds for ever
+    (an `afterok` on a failed job is never satisfied): all in their first submission's order."""
+    now = time.time()
+    described = {_key(d): jobs.describe(d, now) for d in selected}
+    stuck = {k for k, job in described.items() if job["state"] == "waiting" and NEVER in (job["message"] or "")}
+    again = [d for d in selected if _key(d) in stuck or JobState(described[_key(d)]["state"]) in only]
+    specs = [fresh.get(_key(d)) or read_json(d / "spec.json") for d in again]
+    for spec, directory in zip(specs, again):
+        stored = read_json(directory / "spec.json", {})
+        spec.setdefault("after", stored.get("after", []))
+        spec.setdefault("order", stored.get("order", 0))
+    specs.sort(key=lambda spec: spec.get("order", 0))
+    return submit_in_order(root, specs, only | {JobState.WAITING})
 
 
 RUNNER = "pipeline/run"

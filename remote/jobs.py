@@ -24,7 +24,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from remote import slurm_jobs
 from remote.progress import read_json, write_json_atomic
+from remote.slurm import SlurmJob
 from remote.states import JobState
 
 HEARTBEAT_SECONDS = 5.0
@@ -100,8 +102,11 @@ def last_line(log: Path, limit: int = 160) -> str:
     return text[:limit]
 
 
-def effective_state(state: dict[str, Any], progress: dict[str, Any], now: float) -> JobState:
-    """The recorded state, corrected by what the host sees now."""
+def effective_state(state: dict[str, Any], progress: dict[str, Any], now: float,
+                    slurm_view: dict[str, SlurmJob] | None = None) -> JobState:
+    """The recorded state, corrected by what the host (or Slurm) sees now."""
+    if slurm_jobs.is_slurm(state):
+        return _slurm_reading(state, progress, now, slurm_view)[0]
     recorded = JobState(state.get("state", "died"))
     if recorded == JobState.WAITING:
         return recorded  # its pid is the pipeline runner's, which reports for itself
@@ -115,19 +120,38 @@ def effective_state(state: dict[str, Any], progress: dict[str, Any], now: float)
     return recorded
 
 
-def describe(directory: Path, now: float) -> dict[str, Any]:
+def _slurm_reading(state: dict[str, Any], progress: dict[str, Any], now: float,
+                   slurm_view: dict[str, SlurmJob] | None) -> tuple[JobState, str, SlurmJob | None]:
+    view = slurm_jobs.view([state]) if slurm_view is None else slurm_view
+    job = view.get(state["slurm_job_id"])
+    return (*slurm_jobs.effective(state, progress, now, job), job)
+
+
+def describe(directory: Path, now: float, slurm_view: dict[str, SlurmJob] | None = None) -> dict[str, Any]:
     """One job as the workstation shows it."""
     state = read_json(directory / "state.json", {})
     progress = read_json(directory / "progress.json", {})
-    effective = effective_state(state, progress, now)
     skip_reasons = progress.get("skip_reasons", {})
     message = state.get("message") or progress.get("message") or ""
+    if slurm_jobs.is_slurm(state):
+        effective, note, slurm_job = _slurm_reading(state, progress, now, slurm_view)
+        message = f"{note}: {message}" if note and message else note or message
+        extra = {"slurm_job_id": state["slurm_job_id"], "slurm_state": slurm_job.state if slurm_job else None,
+                 "node": slurm_job.node if slurm_job else state.get("node")}
+        return {**_job_fields(directory, state, progress, effective, message), **extra}
+    effective = effective_state(state, progress, now)
     if effective == JobState.DIED and not state.get("ended_at"):
         message = f"supervisor (pid {state.get('pid')}) is gone without an exit code"
     elif effective == JobState.WAITING and not is_alive(state):
         message = "not started: the pipeline runner has ended; `inv rerun --failed` resumes"
     elif effective == JobState.STALLED:
         message = f"no progress for {now - max(progress.get('updated_at', 0), state.get('started_at', 0)):.0f}s"
+    return _job_fields(directory, state, progress, effective, message)
+
+
+def _job_fields(directory: Path, state: dict[str, Any], progress: dict[str, Any], effective: JobState,
+                message: str) -> dict[str, Any]:
+    skip_reasons = progress.get("skip_reasons", {})
     return {
         "dataset": state.get("dataset", directory.parent.name),
         "stage": state.get("stage", directory.name),
@@ -152,18 +176,21 @@ def describe(directory: Path, now: float) -> dict[str, Any]:
 def status(root: Path) -> dict[str, Any]:
     now = time.time()
     link = root / "current"
+    directories = all_job_dirs(root)
+    slurm_view = slurm_jobs.view([read_json(d / "state.json", {}) for d in directories])  # one query for all
     return {
         "now": now,
         "current_release": link.resolve().name if link.exists() else None,
-        "jobs": [describe(d, now) for d in all_job_dirs(root)],
+        "jobs": [describe(d, now, slurm_view) for d in directories],
     }
 
 
 # -- launching and stopping --------------------------------------------------
 
 
-def launch(root: Path, spec: dict[str, Any], only: set[JobState] | None = None) -> dict[str, Any]:
-    """Start one job under a supervisor, unless it runs already (or, with `only`, is in another state)."""
+def launch(root: Path, spec: dict[str, Any], only: set[JobState] | None = None, after: list[str] = []) -> dict[str, Any]:
+    """Start one job under a supervisor (on Slurm: submit it, after the jobs `after`), unless it
+    runs already (or, with `only`, is in another state)."""
     directory = job_dir(root, spec["dataset"], spec["stage"])
     directory.mkdir(parents=True, exist_ok=True)
     result = {"dataset": spec["dataset"], "stage": spec["stage"], "launched": False}
@@ -172,21 +199,46 @@ def launch(root: Path, spec: dict[str, Any], only: set[JobState] | None = None) 
         now_state = effective_state(state, read_json(directory / "progress.json", {}), time.time()) if state else None
         if only is not None and now_state not in only:
             return {**result, "reason": f"is {now_state.value if now_state else 'not started'}"}
-        if now_state == JobState.STALLED:
-            terminate(state)
-        elif now_state != JobState.WAITING and is_alive(state):  # a waiting job's pid is the runner's
-            return {**result, "reason": f"already running (pid {state['pid']})"}
-        pid = _spawn(root, directory, spec)
+        if now_state == JobState.STALLED or (only and slurm_jobs.is_slurm(state) and now_state == JobState.WAITING):
+            end(state)
+        elif is_active(state, now_state):
+            return {**result, "reason": f"already running ({_who(state)})"}
+        release = current_release(root)
+        _prepare(directory, spec)
+        if spec.get("slurm") is not None:
+            submitted = slurm_jobs.submit(directory, spec, release, after)
+            return {**result, "launched": True, "slurm_job_id": submitted["slurm_job_id"]}
+        pid = _spawn(directory, spec, release)
     return {**result, "launched": True, "pid": pid}
 
 
-def _spawn(root: Path, directory: Path, spec: dict[str, Any]) -> int:
-    release = current_release(root)
+def is_active(state: dict[str, Any], now_state: JobState | None) -> bool:
+    if slurm_jobs.is_slurm(state):
+        return now_state in (JobState.WAITING, JobState.RUNNING)
+    return now_state != JobState.WAITING and is_alive(state)  # a waiting job's pid is the pipeline runner's
+
+
+def _who(state: dict[str, Any]) -> str:
+    return f"Slurm job {state['slurm_job_id']}" if slurm_jobs.is_slurm(state) else f"pid {state['pid']}"
+
+
+def end(state: dict[str, Any]) -> None:
+    """End a job wherever it runs: its process group here, or `scancel` on Slurm."""
+    if slurm_jobs.is_slurm(state):
+        slurm_jobs.cancel(state)
+    else:
+        terminate(state)
+
+
+def _prepare(directory: Path, spec: dict[str, Any]) -> None:
+    """A fresh start: the new spec, no old counters, the previous log kept as log.1."""
     write_json_atomic(directory / "spec.json", spec)
-    for stale in ("progress.json",):
-        (directory / stale).unlink(missing_ok=True)
+    (directory / "progress.json").unlink(missing_ok=True)
     if (directory / "log").exists():
         os.replace(directory / "log", directory / "log.1")
+
+
+def _spawn(directory: Path, spec: dict[str, Any], release: Path) -> int:
     python_path = os.pathsep.join(filter(None, [str(release), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"}
     with open(directory / "log", "ab") as log:
@@ -232,8 +284,10 @@ def stop(root: Path, dataset: str, stage: str) -> dict[str, Any]:
     directory = job_dir(root, dataset, stage)
     with locked(directory / "launch.lock"):
         state = read_json(directory / "state.json", {})
-        was_alive = is_alive(state)
-        terminate(state)
+        progress = read_json(directory / "progress.json", {})
+        was_alive = is_active(state, effective_state(state, progress, time.time()) if state else None)
+        if was_alive:
+            end(state)
         # The supervisor records `stopped` itself; write it only if it could not.
         state = read_json(directory / "state.json", {})
         if was_alive and not JobState(state["state"]).is_terminal():

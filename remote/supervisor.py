@@ -12,13 +12,16 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from remote.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, last_line
+from remote import server
+from remote.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, last_line, process_start
 from remote.progress import PROGRESS_ENV, read_json, write_json_atomic
 from remote.stages import DEFAULT_COMMANDS
 from remote.states import JobState
@@ -78,6 +81,26 @@ def end_message(state: JobState, exit_code: int, progress: dict[str, Any], log: 
     return progress.get("message", "")
 
 
+@contextmanager
+def inference_server(settings: dict[str, Any] | None, directory: Path) -> Iterator[None]:
+    """The server an infer job needs, for that job alone (on Slurm, inside its allocation).
+
+    On one host `inv run`'s pipeline runner manages the server instead, and such
+    specs carry no `server`.
+    """
+    if not settings or not settings.get("command"):
+        yield
+        return
+    log = directory / "server.log"
+    pid = server.start(settings["command"].replace("{python}", sys.executable), log, env=settings.get("env") or {})
+    print(f"{SUPERVISOR_MARK} inference server pid {pid} starting", flush=True)
+    try:
+        server.wait_healthy(settings["url"], settings.get("start_timeout", 1800), pid, log)
+        yield
+    finally:
+        server.stop(pid)
+
+
 class Supervisor:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -89,6 +112,10 @@ class Supervisor:
         self._wait_for_launcher()
         spec = read_json(self.directory / "spec.json")
         state = read_json(self.state_path)
+        # Under Slurm the job was only queued by the launcher: this is where it starts, and on which node.
+        state.update(state=JobState.RUNNING.value, pid=os.getpid(), pid_start=process_start(os.getpid()),
+                     node=socket.gethostname(), started_at=state.get("started_at") or time.time())
+        write_json_atomic(self.state_path, state)
         release = Path.cwd()
         env = {**os.environ, **stage_env(spec, self.directory, release)}
         Path(env["AERIE_OUTPUT"]).mkdir(parents=True, exist_ok=True)
@@ -96,10 +123,16 @@ class Supervisor:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         command = stage_command(spec)
         print(f"{SUPERVISOR_MARK} {spec['stage']} {spec['dataset']} on release {release.name}: {command}", flush=True)
-        self.child = subprocess.Popen(["/bin/sh", "-c", command], cwd=release, env=env)
-        exit_code = self._wait(state)
-        self._finish(state, exit_code)
-        return 0
+        try:
+            with inference_server(spec.get("server"), self.directory):
+                self.child = subprocess.Popen(["/bin/sh", "-c", command], cwd=release, env=env)
+                exit_code = self._wait(state)
+        except server.ServerError as exc:
+            print(f"inference server: {exc}", flush=True)
+            exit_code = 1
+        ended = self._finish(state, exit_code)
+        # Only a success exits 0: Slurm's `afterok` dependents (and its own end state) read this.
+        return 0 if ended == JobState.SUCCEEDED else 1
 
     def _wait_for_launcher(self) -> None:
         # The launcher holds this lock until it has recorded our pid; then state.json is ours.
@@ -120,7 +153,7 @@ class Supervisor:
                 state["heartbeat_at"] = time.time()
                 write_json_atomic(self.state_path, state)
 
-    def _finish(self, state: dict[str, Any], exit_code: int) -> None:
+    def _finish(self, state: dict[str, Any], exit_code: int) -> JobState:
         progress = read_json(self.directory / "progress.json", {})
         ended = end_state(exit_code, progress.get("records", 0), self.stopping)
         state.update(
@@ -132,6 +165,7 @@ class Supervisor:
         )
         write_json_atomic(self.state_path, state)
         print(f"{SUPERVISOR_MARK} {ended.value}: exit {exit_code}, {progress.get('records', 0)} records", flush=True)
+        return ended
 
 
 if __name__ == "__main__":

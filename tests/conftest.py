@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.slurm_fixtures import slurm  # noqa: F401 (the session's Slurm cluster, a fixture)
 from tests.sshd import SshServer, SshServerError, free_port as _free_port, require_openssh, start_server
 
 LOOPBACK_ONLY_ENV = "AERIE_TEST_ONLY_LOOPBACK"

@@ -12,7 +12,6 @@ from remote import slurm as client
 from remote.slurm import SlurmJob
 from remote.states import JobState
 from tests.slurm import SlurmCluster
-from tests.slurm_fixtures import slurm  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slurm
 
