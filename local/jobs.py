@@ -45,6 +45,10 @@ def all_specs(inventory: Inventory) -> dict[str, dict[str, Any]]:
     }
 
 
-def on_host(settings: dict[str, Any], root: str) -> dict[str, Any]:
-    """`{root}` in a path setting means the host's root (e.g. assets built there by `inv demo`)."""
-    return {k: v.replace("{root}", root) if isinstance(v, str) else v for k, v in settings.items()}
+def on_host(settings: Any, root: str) -> Any:
+    """`{root}` in a setting means the host's root (e.g. assets built there by `inv demo`), at any depth."""
+    if isinstance(settings, dict):
+        return {k: on_host(v, root) for k, v in settings.items()}
+    if isinstance(settings, list):
+        return [on_host(v, root) for v in settings]
+    return settings.replace("{root}", root) if isinstance(settings, str) else settings

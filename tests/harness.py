@@ -115,5 +115,5 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.1)
+        time.sleep(0.3)  # each poll may be an SSH connection and a Python on the host
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
