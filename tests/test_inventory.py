@@ -70,7 +70,7 @@ def test_a_bad_inventory_reaches_the_user_as_one_line_without_traceback(tmp_path
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.strip() == f"aerie: {path}: host.colour: unknown key (expected one of: address, port, user, " \
-        "identity, known_hosts, ssh_config, root, python, connect_timeout, keepalive)"
+        "identity, known_hosts, ssh_config, root, python, connect_timeout, keepalive, env)"
 
 
 def test_invoke_config_chooses_the_default_inventory(tmp_path: Path) -> None:
