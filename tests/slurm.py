@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.processes import descendants, process_name
+
 ADDRESS = "127.0.0.1"
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
@@ -171,7 +173,7 @@ class SlurmCluster:
                 # NOTE: without its controller, slurmd spends ~10 s on SIGTERM trying to reach it.
                 _terminate(process, grace=STOP_TIMEOUT_S if controller_alive else 0)
         # NOTE: slurmstepd detaches from slurmd, so stopping slurmd leaves running jobs alive.
-        victims = [pid for stepd in self._stepds() for pid in (stepd, *_descendants(stepd))]
+        victims = [pid for stepd in self._stepds() for pid in (stepd, *descendants(stepd))]
         for pid in victims:
             _kill(pid)
         _wait_gone(victims)
@@ -220,7 +222,7 @@ class SlurmCluster:
         log = str((self.directory / "slurmd.log").resolve())
         found = []
         for entry in Path("/proc").iterdir():
-            if entry.name.isdigit() and _process_name(int(entry.name)) == "slurmstepd":
+            if entry.name.isdigit() and process_name(int(entry.name)) == "slurmstepd":
                 try:
                     if any(os.readlink(fd) == log for fd in (entry / "fd").iterdir()):
                         found.append(int(entry.name))
@@ -342,26 +344,3 @@ def _is_alive(pid: int) -> bool:
         return False
 
 
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _process_name(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""

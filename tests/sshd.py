@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.processes import descendants, process_name
+
 SSHD = Path("/usr/sbin/sshd")
 SSH_KEYGEN = "ssh-keygen"
 TEST_USER = "aerie-test"
@@ -145,7 +147,7 @@ class SshServer:
         """
         if self.process is None:
             return 0
-        victims = [pid for pid in _descendants(self.process.pid) if _process_name(pid) in _SSHD_NAMES]
+        victims = [pid for pid in descendants(self.process.pid) if process_name(pid) in _SSHD_NAMES]
         for pid in victims:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -305,26 +307,3 @@ def _public_key(public_key: Path) -> str:
     return f"{kind} {blob}"
 
 
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _process_name(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""

@@ -34,7 +34,9 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from remote.progress import Progress
 
 #: The command of each known stage; ``{python}`` is the host's interpreter.
 DEFAULT_COMMANDS = {
@@ -99,3 +101,15 @@ class StageContext:
         dataset's extract output for the draft), else this dataset's `stage` output."""
         given = self.config.get("inputs")
         return [Path(p) for p in given] if given else [self.upstream(stage)]
+
+
+def main(name: str, run: Callable[[StageContext, Progress], object], refusals: tuple[type[Exception], ...]) -> None:
+    """A stage's entry point: its context and progress, and a refusal (a `refusals` error: a
+    mistake the user can fix) as one line on stderr and exit 1, never a traceback."""
+    ctx = StageContext.from_env()
+    with Progress.from_env() as progress:
+        try:
+            run(ctx, progress)
+        except refusals as exc:
+            progress.note(str(exc))
+            raise SystemExit(f"{name}: {exc}") from None

@@ -34,6 +34,7 @@ from remote.eagle3.prep_input import read_manifest, read_records
 from remote.eagle3.shards import ShardStore
 from remote.eagle3.target import TargetShape, best_device, read_shape, target_settings
 from remote.progress import Progress, write_json_atomic
+from remote import stages
 from remote.stages import StageContext
 
 DEFAULT_LAYERS = [2, 30, 58]
@@ -143,13 +144,7 @@ def _fingerprint(checked: ExtractPlan) -> dict[str, Any]:
 
 
 def main() -> None:
-    ctx = StageContext.from_env()
-    with Progress.from_env() as progress:
-        try:
-            run(ctx, progress)
-        except StageInputError as exc:
-            progress.note(str(exc))
-            raise SystemExit(f"extract: {exc}")
+    stages.main("extract", run, (StageInputError,))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from remote.infer.client import ChatClient, Result
 from remote.infer.journal import Journal
 from remote.infer.settings import InferSettings, SettingsError
 from remote.progress import Progress, read_json, write_json_atomic
+from remote import stages
 from remote.stages import StageContext
 
 PROMPTS = "prompts.jsonl"
@@ -277,13 +278,7 @@ def run_stage(ctx: StageContext, progress: Progress) -> None:
 
 
 def main() -> None:
-    ctx = StageContext.from_env()
-    with Progress.from_env() as progress:
-        try:
-            run_stage(ctx, progress)
-        except InferError as exc:
-            progress.note(str(exc))
-            raise SystemExit(f"infer: {exc}") from None
+    stages.main("infer", run_stage, (InferError,))
 
 
 def _conversation(result: Result) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from remote.eagle3 import specforge
 from remote.eagle3.shards import ShardStore, load_sample
 from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
 from remote.progress import Progress, write_json_atomic
+from remote import stages
 from remote.stages import StageContext
 
 ENGINES = ("aerie", "specforge")
@@ -231,13 +232,7 @@ def _each(files: list[Path], progress: Progress):
 
 
 def main() -> None:
-    ctx = StageContext.from_env()
-    with Progress.from_env() as progress:
-        try:
-            run(ctx, progress)
-        except StageInputError as exc:
-            progress.note(str(exc))
-            raise SystemExit(f"train: {exc}")
+    stages.main("train", run, (StageInputError,))
 
 
 if __name__ == "__main__":
