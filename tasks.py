@@ -43,11 +43,11 @@ def launch(c: Context, stage: str, dataset: str | None = None, inventory: str | 
 
 @task(help={"inventory": INVENTORY, "json": "print a JSON list instead of the table",
             "watch": "refresh the table in place every N seconds (Ctrl-C ends)"})
-def status(c: Context, inventory: str | None = None, json: bool = False, watch: float = 0) -> None:
+def status(c: Context, inventory: str | None = None, json: bool = False, watch: str = "") -> None:
     """Every job's state, records, rate and last line, from one remote command per host."""
-    name = inventory_name(c, inventory)
-    with fleet(name) as hosts:
-        state = control.status(hosts.status, console(), hosts.title, as_json=json, watch=watch)
+    every = control.number(watch, "--watch", float) if watch else 0.0
+    with fleet(inventory_name(c, inventory)) as hosts:
+        state = control.status(hosts.status, console(), hosts.title, as_json=json, watch=every)
     if control.status_view.any_bad(state):
         raise Exit(code=1)
 
@@ -67,11 +67,12 @@ def rerun(c: Context, failed: bool = True, dataset: str | None = None, stage: st
 @task(help={"dataset": "the dataset whose log to show", "stage": "its stage; default: the latest started",
             "n": "how many lines of the end to show", "follow": "keep printing until the job ends",
             "inventory": INVENTORY})
-def logs(c: Context, dataset: str, stage: str | None = None, n: int = 50, follow: bool = False,
+def logs(c: Context, dataset: str, stage: str | None = None, n: str = "50", follow: bool = False,
          inventory: str | None = None) -> None:
     """Print the end of a job's log, or follow it."""
+    lines = control.number(n, "-n", int)
     with fleet(inventory_name(c, inventory)) as hosts:
-        control.logs(hosts.host_of(dataset), dataset, stage, n, follow)
+        control.logs(hosts.host_of(dataset), dataset, stage, lines, follow)
 
 
 @task(help={"dataset": "comma-separated dataset names (or --all)", "all": "stop every job",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from typing import Any, Callable
 
 import invoke
@@ -36,4 +38,6 @@ def inventory_name(c: Context, given: str | None) -> str:
 
 
 def console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    # NOTE: piped to a file or CI log, rich would assume 80 columns and fold every table.
+    wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+    return Console(highlight=False, soft_wrap=True, width=wide)

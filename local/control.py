@@ -30,6 +30,17 @@ def split(names: str | None) -> list[str] | None:
     return [n for n in names.replace(" ", ",").split(",") if n] if names else None
 
 
+def number(text: str, flag: str, kind: type[int] | type[float]) -> Any:
+    """A flag's number, parsed here so that a typo is one line, not Invoke's traceback."""
+    try:
+        value = kind(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise AerieError(f"{flag} takes a {'whole ' if kind is int else ''}number of at least 0, not {text!r}")
+    return value
+
+
 def mine(host: RemoteHost, datasets: list[str] | None) -> list[str] | None:
     """Of the datasets named for the whole inventory, those this host runs (None: all of its own)."""
     return None if datasets is None else [d for d in datasets if d in host.inventory.datasets]

@@ -316,3 +316,22 @@ def test_a_job_on_an_older_release_is_marked(bench: Bench) -> None:
     assert bench.status()["A/prep"]["release"] == first["release"]
     table = bench.inv("status", "-i", "test")
     assert "(old)" in table.stdout
+
+
+def test_status_watch_refreshes_until_interrupted(bench: Bench) -> None:
+    import subprocess
+    import sys
+
+    bench.scripted({"A": "records=10 sleep=0.2"})
+    bench.inv("deploy")
+    bench.inv("launch", "--stage", "prep")
+    bench.wait_state("A/prep", {"running"})
+    watcher = subprocess.Popen([sys.executable, "-m", "invoke", "status", "--watch", "0.5", "-i", "test"],
+                               cwd=bench.checkout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "COLUMNS": "200"})
+    bench.wait_state("A/prep", {"succeeded"})
+    time.sleep(1.5)  # a refresh or two after the end
+    watcher.send_signal(signal.SIGINT)
+    out, err = watcher.communicate(timeout=20)
+    assert "Traceback" not in err
+    assert "succeeded" in out.splitlines()[-2]  # the last frame shows the end, not the first fetch
