@@ -18,6 +18,7 @@ from local.errors import AerieError
 from local.host import RemoteHost
 from local.inventory import Inventory
 from local.transport import SshTransport
+from remote.slurm_jobs import NEVER
 from remote.states import BAD, JobState
 
 
@@ -120,15 +121,20 @@ def _submit_pipeline(host: RemoteHost, console: Console, datasets: list[str] | N
 
 
 def follow(fetch: Callable[[], dict[str, Any]], console: Console, title: str, interval: float = 2.0) -> dict[str, Any]:
-    """Refresh the table until every pipeline runner has ended; the final status."""
+    """Refresh the table until the pipeline has ended (its runners; on Slurm, its jobs); the final status."""
     with Live(console=console, auto_refresh=False) as live:
         while True:
             state = fetch()
             live.update(status_view.render(state, title=title), refresh=True)
             runners = [j for j in state["jobs"] if (j["dataset"], j["stage"]) == (pipeline.RUNNER, "run")]
-            if all(JobState(r["state"]).is_terminal() for r in runners) or state.get("unreachable"):
+            if all(_settled(job) for job in runners or state["jobs"]) or state.get("unreachable"):
                 return state
             time.sleep(interval)
+
+
+def _settled(job: dict[str, Any]) -> bool:
+    """Ended, or held by Slurm for ever behind a failed job (only `inv rerun --failed` moves it)."""
+    return JobState(job["state"]).is_terminal() or NEVER in (job.get("message") or "")
 
 
 def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:

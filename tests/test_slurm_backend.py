@@ -117,7 +117,8 @@ def test_a_pipeline_on_slurm_runs_by_dependencies_and_resumes_after_a_failure(be
     (plans / "A.extract").write_text(f"records=1 exit=2 unless={fixed}")
     slurm_inventory(bench, slurm, {"A": "", "B": ""}, plans=plans, kinds={"B": "prompts"})
     bench.inv("deploy")
-    submitted = bench.inv("run")
+    submitted = bench.inv("run", "--follow", check=False, timeout=180)  # ends when all ended or stuck
+    assert submitted.returncode == 1  # A/extract failed
     assert submitted.stdout.count("submitted") == 7  # A: prep, extract; B: prep, infer, tokenize, extract; train
     keys = {"A/prep", "A/extract", "B/prep", "B/infer", "B/tokenize", "B/extract"}
     jobs = settle(bench, keys, timeout=120)
@@ -129,6 +130,7 @@ def test_a_pipeline_on_slurm_runs_by_dependencies_and_resumes_after_a_failure(be
     fixed.write_text("")
     rerun = bench.inv("rerun", "--failed")
     assert "relaunched A/extract" in rerun.stdout and "relaunched draft/train" in rerun.stdout
+
     jobs = settle(bench, keys | {"draft/train"}, timeout=120)
     assert all(job["state"] == "succeeded" for job in jobs.values()), {k: j["state"] for k, j in jobs.items()}
     assert json.loads((plans / "trace" / "draft.train.json").read_text())["start"] >= \
