@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.needs import need
 from tests.slurm_fixtures import slurm  # noqa: F401 (the session's Slurm cluster, a fixture)
 from tests.sshd import SshServer, SshServerError, free_port as _free_port, require_openssh, start_server
 
@@ -106,15 +107,7 @@ def hermetic_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
 
 
 def _openssh_or_skip() -> None:
-    """A missing OpenSSH fails the run in CI and skips the test elsewhere."""
-    try:
-        require_openssh()
-        return
-    except SshServerError as error:
-        missing = str(error)
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI needs a real sshd: {missing}", pytrace=False)
-    pytest.skip(missing)
+    need(require_openssh, SshServerError, "a real sshd")
 
 
 @pytest.fixture(scope="session")

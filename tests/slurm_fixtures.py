@@ -7,25 +7,16 @@ it is kept in the pytest config's stash and stopped when the session ends.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from tests.needs import need
 from tests.slurm import SlurmCluster, SlurmClusterError, require_slurm, start_cluster
 
 _CLUSTER = pytest.StashKey[SlurmCluster]()
 
 
 def slurm_or_skip() -> None:
-    """Missing Slurm fails the run in CI and skips the test elsewhere."""
-    try:
-        require_slurm()
-        return
-    except SlurmClusterError as error:
-        missing = str(error)
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI needs a real Slurm cluster: {missing}", pytrace=False)
-    pytest.skip(missing)
+    need(require_slurm, SlurmClusterError, "a real Slurm cluster")
 
 
 @pytest.fixture(scope="session")
