@@ -83,11 +83,11 @@ class Fleet:
     def status(self) -> dict[str, Any]:
         """Every host's jobs in one answer, each tagged with its host; unreachable hosts listed."""
         if not self.is_multi:
-            return self.single.call("status")
+            return self.single.status()
 
         def ask(name: str) -> dict[str, Any] | AerieError:
             try:
-                return self.hosts[name].call("status")
+                return self.hosts[name].status()
             except AerieError as exc:
                 return exc
 

@@ -6,7 +6,7 @@ import json
 import shlex
 from typing import Any, BinaryIO
 
-from local.errors import AerieError
+from local.errors import AerieError, NotDeployed
 from local.inventory import REPO, Inventory
 from local.transport import Result, Transport, open_transport
 from remote.wire import decode
@@ -34,6 +34,13 @@ class RemoteHost:
         env = "".join(f"{k}={shlex.quote(v)} " for k, v in self.inventory.host.env.items())
         return (f"[ -d {current} ] || exit {NOT_DEPLOYED}; cd {current} && "
                 f"{env}PYTHONPATH=.${{PYTHONPATH:+:$PYTHONPATH}} exec {self.python} -m remote {verb} {payload}")
+
+    def status(self) -> dict[str, Any]:
+        """`status`; a host where nothing is deployed yet simply has no jobs."""
+        try:
+            return self.call("status")
+        except NotDeployed:
+            return {"now": None, "current_release": None, "jobs": []}
 
     def call(self, verb: str, **args: Any) -> Any:
         """One remote command; its payload, or an `AerieError` with the host's reason."""
@@ -65,7 +72,7 @@ class RemoteHost:
 
     def _refuse(self, result: Result, what: str) -> None:
         if result.exit_code == NOT_DEPLOYED:
-            raise AerieError(f"nothing is deployed to {self.name}:{self.root} yet: run `inv deploy` first")
+            raise NotDeployed(f"nothing is deployed to {self.name}:{self.root} yet: run `inv deploy` first")
         if result.exit_code == 2 and result.stderr.strip():
             raise AerieError(f"{self.name}: {result.stderr.strip().splitlines()[-1]}")
         detail = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()[-1]

@@ -147,9 +147,11 @@ def test_launch_then_status_shows_succeeded_and_empty_with_counts(bench: Bench) 
 
 def test_status_says_no_jobs_yet_and_exits_zero(bench: Bench) -> None:
     bench.scripted({"A": "records=1"})
+    assert "No jobs yet." in bench.inv("status").stdout  # nothing deployed yet
+    launched = bench.inv("launch", "--stage", "prep", check=False)
+    assert launched.returncode == 2 and "nothing is deployed to" in launched.stderr and "inv deploy" in launched.stderr
     bench.inv("deploy")
-    done = bench.inv("status")
-    assert "No jobs yet." in done.stdout
+    assert "No jobs yet." in bench.inv("status").stdout
 
 
 def test_a_failed_job_shows_its_error_and_rerun_relaunches_only_the_bad_ones(bench: Bench) -> None:
