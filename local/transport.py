@@ -135,11 +135,11 @@ class SshTransport:
 
     def _explain(self, connection: Connection, exc: Exception) -> str:
         where = f"{connection.user}@{connection.host}:{connection.port}"
-        if isinstance(exc, UnknownHostKey):
-            return (f"{where}: host key {exc.key.get_name()} {exc.key.fingerprint} is not in {self.known_hosts}: "
+        if isinstance(exc, UnknownHostKey):  # named as known_hosts names it: a ProxyJump hop may be the one
+            return (f"{exc.hostname}: host key {exc.key.get_name()} {exc.key.fingerprint} is not in {self.known_hosts}: "
                     f"check it with the host's admin, then run `inv trust` to add it")
         if isinstance(exc, paramiko.BadHostKeyException):
-            return (f"{where}: host key CHANGED ({exc.key.fingerprint}, expected {exc.expected_key.fingerprint}): "
+            return (f"{exc.hostname}: host key CHANGED ({exc.key.fingerprint}, expected {exc.expected_key.fingerprint}): "
                     f"if the host was rebuilt, remove its line from {self.known_hosts} and run `inv trust`")
         if isinstance(exc, paramiko.AuthenticationException):
             return f"{where}: authentication failed: check host.user and host.identity in the inventory"

@@ -78,8 +78,10 @@ def effective(state: dict[str, Any], progress: dict[str, Any], now: float, job: 
         return seen, f"pending in Slurm ({job.reason})" if job.reason else "pending in Slurm"
     if seen == JobState.RUNNING:
         last_sign = max(progress.get("updated_at", 0), state.get("started_at", 0))
-        stalled = state.get("started_at") and now - last_sign > state.get("stall_after", 600)
-        return (JobState.STALLED if stalled else JobState.RUNNING), f"on {job.node}" if job.node else ""
+        where = f"on {job.node}" if job.node else ""
+        if state.get("started_at") and now - last_sign > state.get("stall_after", 600):
+            return JobState.STALLED, f"no progress for {now - last_sign:.0f}s {where}".strip()
+        return JobState.RUNNING, where
     if seen.is_terminal():
         return (JobState.DIED if seen == JobState.SUCCEEDED else seen), f"Slurm: {base} without the supervisor's record"
     return seen, f"Slurm: {job.state}"

@@ -46,6 +46,8 @@ class Bench:
     backend: str
     sshd: SshServer | None = None
     python: str = sys.executable
+    slurm: Any = None
+    """The test cluster, for backend slurm (its `env` reaches the login node's commands)."""
 
     def inventory(self, datasets: dict[str, Any], stages: dict[str, Any] | None = None, **extra: Any) -> Path:
         host: dict[str, Any] = {"root": str(self.root), "python": self.python}
@@ -56,6 +58,9 @@ class Bench:
                         ssh_config=str(self.sshd.ssh_config), connect_timeout=5)
         for entry in datasets.values():  # what `inv validate` (run by every deploy) reads here
             entry.setdefault("sample", str(SAMPLES[entry["kind"]]))
+        if self.backend == "slurm":
+            host["env"] = self.slurm.env
+            extra = {"slurm": {"partition": self.slurm.partition, "time": "5"}, **extra}
         document = {"backend": self.backend, "host": host, "datasets": datasets, "stages": stages or {}, **extra}
         path = self.checkout / "inventories" / "test.yaml"
         path.write_text(yaml.safe_dump(document))

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.harness import Bench, copy_checkout
 
@@ -88,3 +89,27 @@ def test_tests_refuse_any_host_outside_loopback(bench: Bench) -> None:
     done = bench.inv("status", "-i", "gpu", check=False)
     assert done.returncode == 2
     assert "refusing to connect to 10.1.230.174" in done.stderr
+
+
+def test_ssh_config_aliases_identity_and_proxyjump_are_honoured(bench: Bench, ssh_server_factory) -> None:  # noqa: ANN001
+    assert bench.sshd is not None
+    jump, target = bench.sshd, ssh_server_factory(identity=bench.sshd.identity)
+    config = bench.checkout / "ssh_config"
+    config.write_text(
+        f"Host jumpbox\n  HostName 127.0.0.1\n  Port {jump.port}\n  User {jump.user}\n  IdentityFile {jump.identity}\n"
+        f"Host gpubox\n  HostName 127.0.0.1\n  Port {target.port}\n  User {target.user}\n"
+        f"  IdentityFile {target.identity}\n  ProxyJump jumpbox\n")
+    known_hosts = bench.checkout / "known_hosts"
+    known_hosts.write_text(jump.known_hosts.read_text() + target.known_hosts.read_text())
+    bench.scripted({"A": "records=1"})
+    inventory = bench.checkout / "inventories" / "test.yaml"
+    document = yaml.safe_load(inventory.read_text())
+    document["host"] = {"address": "gpubox", "ssh_config": str(config), "known_hosts": str(known_hosts),
+                        "root": str(bench.root), "python": bench.python, "connect_timeout": 5}
+    inventory.write_text(yaml.safe_dump(document))
+    assert "Deployed release" in bench.inv("deploy").stdout
+    assert (bench.root / "current").exists()
+
+    known_hosts.write_text(target.known_hosts.read_text())  # the jump host's key is no longer known
+    refused = bench.inv("status", check=False)
+    assert refused.returncode == 2 and f"[127.0.0.1]:{jump.port}" in refused.stderr and "inv trust" in refused.stderr

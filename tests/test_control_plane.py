@@ -20,11 +20,13 @@ pytestmark = pytest.mark.e2e
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
-@pytest.fixture(params=["local", "ssh"])
+@pytest.fixture(params=["local", "ssh", pytest.param("slurm", marks=pytest.mark.slurm)])
 def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Bench:
     backend = request.param
     sshd = request.getfixturevalue("sshd") if backend == "ssh" else None
     bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", backend, sshd)
+    if backend == "slurm":  # jobs sbatched on the test cluster; the login node is this machine
+        bench.slurm = request.getfixturevalue("slurm")
     if backend == "ssh" and os.path.exists(SYSTEM_PYTHON):
         # The host's bare Python: the control plane needs nothing but the standard library.
         bench.python = SYSTEM_PYTHON
@@ -203,9 +205,12 @@ def test_kill_9_of_the_supervisor_or_the_stage_is_died(bench: Bench) -> None:
     bench.scripted({"A": "records=100 sleep=0.1", "B": "records=100 sleep=0.1"})
     bench.inv("deploy")
     bench.inv("launch", "--stage", "prep")
-    a = bench.wait_state("A/prep", {"running"})
-    os.kill(a["pid"] if "pid" in a else _pid(bench, "A"), signal.SIGKILL)
-    assert "without an exit code" in bench.wait_state("A/prep", {"died"})["message"]
+    wait_for(lambda: bench.poll()["A/prep"].get("pid") is not None, 30, "A's supervisor")  # on Slurm: once allocated
+    os.kill(_pid(bench, "A"), signal.SIGKILL)
+    if bench.backend == "slurm":  # Slurm saw the batch script die: its own end state stands
+        assert "Slurm: FAILED" in bench.wait_state("A/prep", {"failed", "died"})["message"]
+    else:
+        assert "without an exit code" in bench.wait_state("A/prep", {"died"})["message"]
     stage_pid = _stage_pid(bench, "B")
     os.kill(stage_pid, signal.SIGKILL)
     died = bench.wait_state("B/prep", {"died"})

@@ -16,6 +16,7 @@ import pytest
 
 from tests.harness import SAMPLES, SCRIPTED, Bench, copy_checkout, wait_for
 from tests.slurm import SlurmCluster
+from tests.sshd import SshServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 ENDED = {"succeeded", "failed", "empty", "died", "stopped"}
@@ -27,12 +28,17 @@ def bench(tmp_path: Path, slurm: SlurmCluster) -> Bench:
 
 
 def slurm_inventory(bench: Bench, slurm: SlurmCluster, datasets: dict[str, str], plans: Path | None = None,
-                    kinds: dict[str, str] | None = None) -> None:
-    """`datasets` maps a name to the scripted stage's plan (or, with `plans`, to nothing)."""
+                    kinds: dict[str, str] | None = None, login: SshServer | None = None) -> None:
+    """`datasets` maps a name to the scripted stage's plan (or, with `plans`, to nothing);
+    `login`: reach the login node over SSH instead of running its commands here."""
     command = f"{{python}} {SCRIPTED}" + (f" {plans}" if plans else "")
+    host = {"root": str(bench.root), "python": bench.python, "env": slurm.env}
+    if login is not None:
+        host |= {"address": login.address, "port": login.port, "user": login.user, "identity": str(login.identity),
+                 "known_hosts": str(login.known_hosts), "ssh_config": str(login.ssh_config)}
     document = {
         "backend": "slurm",
-        "host": {"root": str(bench.root), "python": bench.python, "env": slurm.env},
+        "host": host,
         "slurm": {"partition": slurm.partition, "time": "5"},
         "stages": {stage: {"command": command} for stage in ("prep", "infer", "extract", "train")},
         "datasets": {name: {"source": plan, "kind": (kinds or {}).get(name, "native"),
@@ -49,8 +55,11 @@ def settle(bench: Bench, keys: set[str], timeout: float = 60) -> dict[str, dict[
     return bench.poll()
 
 
-def test_launch_status_and_logs_on_slurm(bench: Bench, slurm: SlurmCluster) -> None:
-    slurm_inventory(bench, slurm, {"A": "records=3", "B": "records=0 skip=2 reason=bad-schema"})
+@pytest.mark.parametrize("login", ["here", "ssh"])
+def test_launch_status_and_logs_on_slurm(bench: Bench, slurm: SlurmCluster, login: str,
+                                         request: pytest.FixtureRequest) -> None:
+    server = request.getfixturevalue("sshd") if login == "ssh" else None
+    slurm_inventory(bench, slurm, {"A": "records=3", "B": "records=0 skip=2 reason=bad-schema"}, login=server)
     bench.inv("deploy")
     launched = bench.inv("launch", "--stage", "prep")
     assert "launched A/prep (Slurm job " in launched.stdout
