@@ -19,6 +19,7 @@ from typing import Any, Callable
 from remote import jobs
 from remote.jobs import HostError
 from remote.progress import read_json
+from remote import slurm_jobs
 from remote.slurm_jobs import NEVER
 from remote.states import BAD, JobState
 from remote.wire import emit
@@ -95,7 +96,8 @@ def rerun_on_slurm(root: Path, selected: list[Path], only: set[JobState], fresh:
     """Resubmit the bad jobs and, after them, their dependents that Slurm holds for ever
     (an `afterok` on a failed job is never satisfied): all in their first submission's order."""
     now = time.time()
-    described = {_key(d): jobs.describe(d, now) for d in selected}
+    view = slurm_jobs.view([read_json(d / "state.json", {}) for d in selected])  # one squeue for all
+    described = {_key(d): jobs.describe(d, now, view) for d in selected}
     stuck = {k for k, job in described.items() if job["state"] == "waiting" and NEVER in (job["message"] or "")}
     again = [d for d in selected if _key(d) in stuck or JobState(described[_key(d)]["state"]) in only]
     specs = [fresh.get(_key(d)) or read_json(d / "spec.json") for d in again]
