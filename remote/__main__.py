@@ -43,7 +43,8 @@ def launch(args: dict[str, Any]) -> Any:
     return each(lambda spec: jobs.launch(root, spec), args["specs"])
 
 
-def submit_in_order(root: Path, specs: list[dict[str, Any]], only: set[JobState] | None = None) -> list[dict[str, Any]]:
+def submit_in_order(root: Path, specs: list[dict[str, Any]], only: set[JobState] | None = None,
+                    unstick: bool = False) -> list[dict[str, Any]]:
     """A pipeline on Slurm: each job submitted after the jobs it needs (`afterok`), in plan order.
 
     A needed job that is queued or running already is waited for by its Slurm id; one
@@ -53,7 +54,7 @@ def submit_in_order(root: Path, specs: list[dict[str, Any]], only: set[JobState]
     results = []
     for spec in specs:
         after = [ids.get(key) or _queued_id(root, key) for key in spec.get("after", [])]
-        result = jobs.launch(root, spec, only=only, after=[a for a in after if a])
+        result = jobs.launch(root, spec, only=only, after=[a for a in after if a], unstick=unstick)
         if result.get("slurm_job_id"):
             ids[f"{spec['dataset']}/{spec['stage']}"] = result["slurm_job_id"]
         results.append(result)
@@ -106,7 +107,7 @@ def rerun_on_slurm(root: Path, selected: list[Path], only: set[JobState], fresh:
         spec.setdefault("after", stored.get("after", []))
         spec.setdefault("order", stored.get("order", 0))
     specs.sort(key=lambda spec: spec.get("order", 0))
-    return submit_in_order(root, specs, only | {JobState.WAITING})
+    return submit_in_order(root, specs, only, unstick=True)
 
 
 RUNNER = "pipeline/run"

@@ -188,18 +188,23 @@ def status(root: Path) -> dict[str, Any]:
 # -- launching and stopping --------------------------------------------------
 
 
-def launch(root: Path, spec: dict[str, Any], only: set[JobState] | None = None, after: list[str] = []) -> dict[str, Any]:
+def launch(root: Path, spec: dict[str, Any], only: set[JobState] | None = None, after: list[str] = [],
+           unstick: bool = False) -> dict[str, Any]:
     """Start one job under a supervisor (on Slurm: submit it, after the jobs `after`), unless it
-    runs already (or, with `only`, is in another state)."""
+    runs already (or, with `only`, is in another state). `unstick`: also resubmit a Slurm job
+    held for ever behind a failed one."""
     directory = job_dir(root, spec["dataset"], spec["stage"])
     directory.mkdir(parents=True, exist_ok=True)
     result = {"dataset": spec["dataset"], "stage": spec["stage"], "launched": False}
     with locked(directory / "launch.lock"):
+        # NOTE: decided again under the lock: a concurrent rerun may have just relaunched it.
         state = read_json(directory / "state.json", {})
-        now_state = effective_state(state, read_json(directory / "progress.json", {}), time.time()) if state else None
-        if only is not None and now_state not in only:
+        progress = read_json(directory / "progress.json", {})
+        now_state, note = _reading(state, progress) if state else (None, "")
+        stuck = unstick and slurm_jobs.NEVER in note
+        if only is not None and now_state not in only and not stuck:
             return {**result, "reason": f"is {now_state.value if now_state else 'not started'}"}
-        if now_state == JobState.STALLED or (only and slurm_jobs.is_slurm(state) and now_state == JobState.WAITING):
+        if now_state == JobState.STALLED or stuck:
             end(state)
         elif is_active(state, now_state):
             return {**result, "reason": f"already running ({_who(state)})"}
@@ -210,6 +215,14 @@ def launch(root: Path, spec: dict[str, Any], only: set[JobState] | None = None, 
             return {**result, "launched": True, "slurm_job_id": submitted["slurm_job_id"]}
         pid = _spawn(directory, spec, release)
     return {**result, "launched": True, "pid": pid}
+
+
+def _reading(state: dict[str, Any], progress: dict[str, Any]) -> tuple[JobState, str]:
+    """The job's state now, and Slurm's note on it (empty off Slurm)."""
+    if slurm_jobs.is_slurm(state):
+        reading, note, _ = _slurm_reading(state, progress, time.time(), None)
+        return reading, note
+    return effective_state(state, progress, time.time()), ""
 
 
 def is_active(state: dict[str, Any], now_state: JobState | None) -> bool:
