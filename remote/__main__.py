@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from remote import jobs
 from remote.jobs import HostError
+from remote.slurm import SlurmError
 from remote.progress import read_json
 from remote import slurm_jobs
 from remote.slurm_jobs import NEVER
@@ -214,7 +215,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         result = VERBS[verb](args)
-    except HostError as exc:
+    except (HostError, SlurmError) as exc:  # a refusal, or Slurm's own one-line error
         if verb == "logs":  # its stdout is the log itself
             print(exc, file=sys.stderr)
         else:

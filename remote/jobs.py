@@ -131,7 +131,6 @@ def describe(directory: Path, now: float, slurm_view: dict[str, SlurmJob] | None
     """One job as the workstation shows it."""
     state = read_json(directory / "state.json", {})
     progress = read_json(directory / "progress.json", {})
-    skip_reasons = progress.get("skip_reasons", {})
     message = state.get("message") or progress.get("message") or ""
     if slurm_jobs.is_slurm(state):
         effective, note, slurm_job = _slurm_reading(state, progress, now, slurm_view)
@@ -152,6 +151,7 @@ def describe(directory: Path, now: float, slurm_view: dict[str, SlurmJob] | None
 def _job_fields(directory: Path, state: dict[str, Any], progress: dict[str, Any], effective: JobState,
                 message: str) -> dict[str, Any]:
     skip_reasons = progress.get("skip_reasons", {})
+    log_line = last_line(directory / "log")
     return {
         "dataset": state.get("dataset", directory.parent.name),
         "stage": state.get("stage", directory.name),
@@ -168,8 +168,8 @@ def _job_fields(directory: Path, state: dict[str, Any], progress: dict[str, Any]
         "heartbeat_at": state.get("heartbeat_at"),
         "waiting_for": state.get("waiting_for"),
         "pid": state.get("pid"),
-        "message": message or last_line(directory / "log"),
-        "log_line": last_line(directory / "log"),
+        "message": message or log_line,
+        "log_line": log_line,
     }
 
 
