@@ -78,7 +78,7 @@ def test_prep_output_without_a_release_is_refused_as_older_or_failed(tmp_path: P
     write_prep(tmp_path / "data" / "A1", make_records(2, 100), release=None)
     env = stage_env(tmp_path, "extract", EXTRACT_SETTINGS, {"target": {"model": str(tiny_target)}})
 
-    with pytest.raises(StageInputError, match="has no release"):
+    with pytest.raises(StageInputError, match="lacks release: it comes from an older aerie"):
         extract_stage.plan(context(env))
     (tmp_path / "data" / "A1" / "prep" / "manifest.json").unlink()
     with pytest.raises(StageInputError, match="prep has not succeeded"):

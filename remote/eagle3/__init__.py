@@ -12,6 +12,32 @@
 The stages in `remote.stages.extract` and `remote.stages.train` put them together.
 """
 
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
 
 class StageInputError(Exception):
     """A mistake the user can fix (a setting, an upstream job); shown as one line, no traceback."""
+
+
+def read_upstream_manifest(directory: Path, stage: str, required: tuple[str, ...]) -> dict[str, Any]:
+    """An upstream stage's manifest, refused when that stage did not finish (no manifest: it is
+    written last) or when an older aerie wrote it (a `required` field missing)."""
+    path = directory / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StageInputError(f"no {stage} manifest at {path}: {stage} has not succeeded for this dataset; "
+                              f"run it first (inv launch --stage {stage})") from None
+    except json.JSONDecodeError:
+        raise StageInputError(f"{stage} manifest {path} is unreadable: rerun {stage}") from None
+    if not isinstance(manifest, dict):
+        raise StageInputError(f"{stage} manifest {path} is not a JSON object: rerun {stage}")
+    missing = [k for k in required if manifest.get(k) in (None, "")]
+    if missing:
+        raise StageInputError(f"{stage} manifest {path} lacks {', '.join(missing)}: it comes from an older aerie; "
+                              f"rerun {stage} on the current release")
+    return manifest

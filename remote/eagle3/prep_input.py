@@ -8,12 +8,11 @@ aerie wrote it: extraction refuses such inputs rather than guess.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from remote.eagle3 import StageInputError
+from remote.eagle3 import StageInputError, read_upstream_manifest
 
 COLUMNS = ["id", "input_ids", "loss_mask"]
 
@@ -29,16 +28,7 @@ class Record:
 
 def read_manifest(prep_dir: Path) -> dict[str, Any]:
     """Prep's manifest, refused when prep did not finish or predates the release field."""
-    path = prep_dir / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise StageInputError(f"no prep manifest at {path}: prep has not succeeded for this dataset; run it first (inv launch --stage prep)")
-    except json.JSONDecodeError:
-        raise StageInputError(f"prep manifest {path} is unreadable: rerun prep (inv rerun --stage prep)")
-    if not isinstance(manifest, dict) or not manifest.get("release"):
-        raise StageInputError(f"prep manifest {path} has no release: it comes from an older aerie; rerun prep on the current release")
-    return manifest
+    return read_upstream_manifest(prep_dir, "prep", ("release",))
 
 
 def shard_files(prep_dir: Path) -> list[Path]:

@@ -22,13 +22,12 @@ rewritten atomically after every epoch, and ``$AERIE_OUTPUT/manifest.json``.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from remote.eagle3 import StageInputError
+from remote.eagle3 import StageInputError, read_upstream_manifest
 from remote.eagle3 import draft_config as drafts
 from remote.eagle3 import specforge
 from remote.eagle3.shards import ShardStore, load_sample
@@ -42,17 +41,7 @@ ENGINES = ("aerie", "specforge")
 
 def read_extract_manifest(extract_dir: Path) -> dict[str, Any]:
     """The extract stage's manifest, refused when extract did not finish or predates its fields."""
-    path = extract_dir / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise StageInputError(f"no extract manifest at {path}: extract has not succeeded for this dataset; run it first")
-    except json.JSONDecodeError:
-        raise StageInputError(f"extract manifest {path} is unreadable: rerun extract")
-    missing = [k for k in ("release", "layers", "hidden_size", "width") if k not in manifest]
-    if missing:
-        raise StageInputError(f"extract manifest {path} lacks {', '.join(missing)}: it comes from an older aerie; rerun extract")
-    return manifest
+    return read_upstream_manifest(extract_dir, "extract", ("release", "layers", "hidden_size", "width"))
 
 
 def read_extract_manifests(directories: list[Path]) -> dict[str, Any]:
