@@ -36,7 +36,8 @@ def deploy(c: Context, inventory: str | None = None, dry_run: bool = False) -> N
 def launch(c: Context, stage: str, dataset: str | None = None, inventory: str | None = None) -> None:
     """Start one detached job per dataset for a stage."""
     with fleet(inventory_name(c, inventory)) as hosts:
-        hosts.inventory.stage(stage), hosts.inventory.select(control.split(dataset))
+        hosts.inventory.stage(stage)  # an unknown stage or dataset is refused before anything runs
+        hosts.inventory.select(control.split(dataset))
         hosts.raise_failures(hosts.each(lambda host, out: control.launch(host, out, stage, control.split(dataset)),
                                         console()))
 
@@ -91,8 +92,7 @@ def stop(c: Context, dataset: str | None = None, all: bool = False, stage: str |
             "yes": "trust without asking (after checking the fingerprint yourself)"})
 def trust(c: Context, inventory: str | None = None, fingerprint: str | None = None, yes: bool = False) -> None:
     """Show the host's key fingerprint and add it to known_hosts when you confirm."""
-    inventory_ = load(inventory_name(c, inventory))
-    for view in inventory_.views().values():
+    for view in load(inventory_name(c, inventory)).views().values():  # each host of the inventory
         control.trust(view, console(), fingerprint, yes)
 
 
