@@ -46,16 +46,12 @@ class Fleet:
             return {"": work(self.single, console)}
         outputs = {name: io.StringIO() for name in self.hosts}
 
-        def attempt(name: str) -> T | AerieError:
+        def buffered(name: str, host: RemoteHost) -> T:
             out = Console(file=outputs[name], width=console.width, highlight=False, soft_wrap=True,
                           force_terminal=console.is_terminal, color_system=console.color_system)
-            try:
-                return work(self.hosts[name], out)
-            except AerieError as exc:
-                return exc
+            return work(host, out)
 
-        with ThreadPoolExecutor(max_workers=len(self.hosts)) as pool:
-            results = dict(zip(self.hosts, pool.map(attempt, self.hosts)))
+        results = self._in_parallel(buffered)
         for name in self.hosts:
             console.print(Rule(f"{name} ({self.hosts[name].name})", align="left"))
             console.out(outputs[name].getvalue(), end="", highlight=False)
@@ -84,15 +80,7 @@ class Fleet:
         """Every host's jobs in one answer, each tagged with its host; unreachable hosts listed."""
         if not self.is_multi:
             return self.single.status()
-
-        def ask(name: str) -> dict[str, Any] | AerieError:
-            try:
-                return self.hosts[name].status()
-            except AerieError as exc:
-                return exc
-
-        with ThreadPoolExecutor(max_workers=len(self.hosts)) as pool:
-            answers = dict(zip(self.hosts, pool.map(ask, self.hosts)))
+        answers = self._in_parallel(lambda name, host: host.status())
         merged: dict[str, Any] = {"jobs": [], "unreachable": [], "current_release": {}, "now": None}
         for name, answer in answers.items():
             if isinstance(answer, AerieError):
@@ -102,6 +90,18 @@ class Fleet:
             merged["current_release"][name] = answer["current_release"]
             merged["jobs"] += [{**job, "host": name} for job in answer["jobs"]]
         return merged
+
+    def _in_parallel(self, work: Callable[[str, RemoteHost], T]) -> dict[str, T | AerieError]:
+        """`work(name, host)` on every host at once; a host's `AerieError` is its result, not raised."""
+
+        def attempt(name: str) -> T | AerieError:
+            try:
+                return work(name, self.hosts[name])
+            except AerieError as exc:
+                return exc
+
+        with ThreadPoolExecutor(max_workers=len(self.hosts)) as pool:
+            return dict(zip(self.hosts, pool.map(attempt, self.hosts)))
 
     def close(self) -> None:
         for host in self.hosts.values():
