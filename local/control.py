@@ -18,7 +18,6 @@ from local.errors import AerieError
 from local.host import RemoteHost
 from local.inventory import Inventory
 from local.transport import SshTransport
-from remote.slurm_jobs import NEVER
 from remote.states import BAD, JobState
 
 
@@ -98,26 +97,23 @@ def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages
 
 
 def run(host: RemoteHost, console: Console, datasets: list[str] | None) -> dict[str, Any]:
-    """Start the pipeline runner on the host: one remote command."""
+    """Start the pipeline on the host, one remote command: under its runner, or (where the host's
+    executor queues jobs itself) every job queued after the ones it needs."""
     names = mine(host, datasets)
     if names == [] or not host.inventory.datasets:
         return {}
-    if host.inventory.backend == "slurm":
-        return _submit_pipeline(host, console, names)
     spec = pipeline.runner_spec(host.inventory, names)
-    result = host.call("launch", specs=[spec])[0]
+    answer = host.call("run", spec=spec)
+    if "queued" in answer:
+        report(console, answer["queued"], "submitted")
+        return {"submitted": [r for r in answer["queued"] if r["launched"]]}
+    result = answer["runner"]
     if not result["launched"]:
         raise AerieError(f"the pipeline is {result['reason'].replace('already running', 'already running on ' + host.name)}: "
                          "watch it with `inv status --watch`, or `inv stop -d pipeline` first")
-    console.print(f"pipeline started on {host.name} (runner pid {result['pid']}): "
+    console.print(f"pipeline started on {host.name} (runner {result['where']}): "
                   f"{len(spec['config']['stage']['plan'])} jobs; `inv status --watch` follows it")
     return result
-
-
-def _submit_pipeline(host: RemoteHost, console: Console, datasets: list[str] | None) -> dict[str, Any]:
-    results = host.call("launch", specs=pipeline.slurm_specs(host.inventory, datasets))
-    report(console, results, "submitted")
-    return {"submitted": [r for r in results if r["launched"]]}
 
 
 def follow(fetch: Callable[[], dict[str, Any]], console: Console, title: str, interval: float = 2.0) -> dict[str, Any]:
@@ -133,8 +129,8 @@ def follow(fetch: Callable[[], dict[str, Any]], console: Console, title: str, in
 
 
 def _settled(job: dict[str, Any]) -> bool:
-    """Ended, or held by Slurm for ever behind a failed job (only `inv rerun --failed` moves it)."""
-    return JobState(job["state"]).is_terminal() or NEVER in (job.get("message") or "")
+    """Ended, or held for ever behind a failed job (only `inv rerun --failed` moves it)."""
+    return JobState(job["state"]).is_terminal() or bool(job.get("blocked_by"))
 
 
 def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
@@ -165,8 +161,7 @@ def report(console: Console, results: list[dict[str, Any]], verb: str) -> None:
     for result in results:
         job = f"{result['dataset']}/{result['stage']}"
         if result["launched"]:
-            where = f"Slurm job {result['slurm_job_id']}" if result.get("slurm_job_id") else f"pid {result['pid']}"
-            console.print(f"{verb} {job} ({where})")
+            console.print(f"{verb} {job} ({result['where']})")
         else:
             console.print(f"[yellow]skipped {job}: {result['reason']}[/]")
 

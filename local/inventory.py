@@ -167,6 +167,11 @@ class Inventory(Strict):
         return self
 
     @property
+    def executor(self) -> str:
+        """The host-side executor of every job (remote/executors.py): the one place that maps the backend to it."""
+        return "slurm" if self.backend == "slurm" else "process"
+
+    @property
     def is_multi_host(self) -> bool:
         return bool(self.hosts)
 

@@ -25,21 +25,21 @@ def spec(inventory: Inventory, dataset: str, stage: str) -> dict[str, Any]:
     }
 
 
-def slurm_spec(inventory: Inventory, spec: dict[str, Any]) -> dict[str, Any]:
-    """On the Slurm backend a job carries the `sbatch` resources of its stage."""
-    if inventory.backend != "slurm":
-        return spec
-    return {**spec, "slurm": inventory.slurm.for_stage(spec["stage"] if spec["stage"] != "tokenize" else "prep")}
+def placed(inventory: Inventory, spec: dict[str, Any]) -> dict[str, Any]:
+    """The job with the executor that runs it (named once, by the inventory) and, for one that queues
+    jobs on a cluster, the resources of its stage (ignored where there is no such queue)."""
+    stage = spec["stage"] if spec["stage"] != "tokenize" else "prep"
+    return {**spec, "executor": inventory.executor, "slurm": inventory.slurm.for_stage(stage)}
 
 
 def specs(inventory: Inventory, stage: str, datasets: list[str] | None) -> list[dict[str, Any]]:
-    return [slurm_spec(inventory, spec(inventory, name, stage)) for name in inventory.select(datasets)]
+    return [placed(inventory, spec(inventory, name, stage)) for name in inventory.select(datasets)]
 
 
 def all_specs(inventory: Inventory) -> dict[str, dict[str, Any]]:
     """Every (dataset, stage) spec, keyed as the host names job directories, for `rerun`."""
     return {
-        f"{name}/{stage}": slurm_spec(inventory, spec(inventory, name, stage))
+        f"{name}/{stage}": placed(inventory, spec(inventory, name, stage))
         for name in inventory.datasets
         for stage in Stages.model_fields
     }

@@ -19,23 +19,24 @@ GPU_STAGES = {"infer", "extract", "train"}
 
 def node(spec: dict[str, Any], needs: list[str]) -> dict[str, Any]:
     stage = spec["stage"]
+    # NOTE: every node carries its executor; the host picks how the plan runs from it (remote.pipeline.start).
     return {"key": f"{spec['dataset']}/{stage}", "needs": needs, "gpu": stage in GPU_STAGES,
             "server": stage == "infer", "spec": spec}
 
 
 def dataset_nodes(inventory: Inventory, name: str) -> list[dict[str, Any]]:
     data = f"{inventory.host.root}/data/{name}"
-    nodes = [node(jobs.spec(inventory, name, "prep"), [])]
+    nodes = [node(jobs.placed(inventory, jobs.spec(inventory, name, "prep")), [])]
     tokens = "prep"
     if inventory.datasets[name].kind == "prompts":
-        nodes.append(node(jobs.spec(inventory, name, "infer"), [f"{name}/prep"]))
-        tokenize = jobs.spec(inventory, name, "prep") | {"stage": "tokenize",
+        nodes.append(node(jobs.placed(inventory, jobs.spec(inventory, name, "infer")), [f"{name}/prep"]))
+        tokenize = jobs.placed(inventory, jobs.spec(inventory, name, "prep")) | {"stage": "tokenize",
                                                          "source": f"{data}/infer/conversations.jsonl", "kind": "native"}
         tokenize["config"] = tokenize["config"] | {"dataset": {**tokenize["config"]["dataset"], "kind": "native",
                                                                "source": tokenize["source"]}}
         nodes.append(node(tokenize, [f"{name}/infer"]))
         tokens = "tokenize"
-    extract = jobs.spec(inventory, name, "extract")
+    extract = jobs.placed(inventory, jobs.spec(inventory, name, "extract"))
     extract["config"]["inputs"] = [f"{data}/{tokens}"]
     nodes.append(node(extract, [f"{name}/{tokens}"]))
     return nodes
@@ -44,7 +45,7 @@ def dataset_nodes(inventory: Inventory, name: str) -> list[dict[str, Any]]:
 def plan(inventory: Inventory, datasets: list[str] | None) -> list[dict[str, Any]]:
     names = inventory.select(datasets)
     nodes = [n for name in names for n in dataset_nodes(inventory, name)]
-    train = jobs.spec(inventory, names[0], "train") | {"dataset": DRAFT, "source": "", "kind": "native"}
+    train = jobs.placed(inventory, jobs.spec(inventory, names[0], "train")) | {"dataset": DRAFT, "source": "", "kind": "native"}
     train["config"]["inputs"] = [f"{inventory.host.root}/data/{name}/extract" for name in names]
     nodes.append(node(train, [f"{name}/extract" for name in names]))
     return nodes
@@ -56,21 +57,11 @@ def server_settings(inventory: Inventory) -> dict[str, Any]:
             "url": infer.server_url, "start_timeout": infer.server_start_timeout, "env": infer.server_env}
 
 
-def slurm_specs(inventory: Inventory, datasets: list[str] | None) -> list[dict[str, Any]]:
-    """On Slurm there is no runner: every job is submitted at once, each `afterok` the jobs it
-    needs; Slurm's resources keep the GPUs exclusive, and an infer job starts its own server."""
-    return [
-        jobs.slurm_spec(inventory, n["spec"]) | {"after": n["needs"], "order": index}
-        | ({"server": server_settings(inventory)} if n["server"] else {})
-        for index, n in enumerate(plan(inventory, datasets))
-    ]
-
-
 def runner_spec(inventory: Inventory, datasets: list[str] | None) -> dict[str, Any]:
     """The `pipeline/run` job: the runner, with the plan and the inference server it manages."""
     server = server_settings(inventory)
     return {
-        "dataset": RUNNER, "stage": "run", "command": None, "source": "", "kind": "native",
+        "dataset": RUNNER, "stage": "run", "command": None, "source": "", "kind": "native", "executor": "process",
         "stall_after": 10 ** 9,  # it beats every tick; waiting on a long job is not a stall
         "config": {"stage": {"plan": plan(inventory, datasets), "server": server, "fresh": True}},
     }

@@ -20,6 +20,7 @@ STATE_STYLES = {
     JobState.FAILED: "bold red",
     JobState.DIED: "bold magenta",
     JobState.STOPPED: "dim",
+    JobState.BROKEN: "bold red",
 }
 
 Job = dict[str, Any]
@@ -131,7 +132,8 @@ def any_bad(status: dict[str, Any]) -> bool:
 
 
 JSON_KEYS = ("host", "dataset", "stage", "state", "records", "skipped", "skip_reasons", "exit_code", "release",
-             "started_at", "ended_at", "message", "metrics", "waiting_for", "signal", "slurm_job_id", "slurm_state", "node")
+             "started_at", "ended_at", "message", "metrics", "waiting_for", "blocked_by", "signal", "slurm_job_id", "slurm_state",
+             "node")
 
 
 #: Keys shown only where they apply: several hosts, the Slurm backend.

@@ -16,13 +16,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from remote import jobs
-from remote.jobs import HostError
+from remote import executors, jobs
 from remote.slurm import SlurmError
-from remote.progress import read_json
-from remote import slurm_jobs
-from remote.slurm_jobs import NEVER
 from remote.states import BAD, JobState
+from remote.store import BrokenJob, HostError, JobStore
 from remote.wire import emit
 
 
@@ -44,11 +41,28 @@ def launch(args: dict[str, Any]) -> Any:
     return each(lambda spec: jobs.launch(root, spec), args["specs"])
 
 
+def run(args: dict[str, Any]) -> Any:
+    """`inv run`: the plan under the pipeline runner (a job itself), or, where the executor queues jobs
+    itself (Slurm), every job queued at once after the jobs it needs (`queued`)."""
+    root, spec = Path(args["root"]), args["spec"]
+    stage = spec["config"]["stage"]
+    plan = stage["plan"]
+    if plan and all(executors.for_spec(node["spec"]).queues for node in plan):
+        # NOTE: no runner: the queue keeps the order, its resources keep the GPUs exclusive, and an
+        # infer job starts its own server inside its allocation.
+        specs = [node["spec"] | {"after": node["needs"], "order": index}
+                 | ({"server": stage.get("server")} if node["server"] else {})
+                 for index, node in enumerate(plan)]
+        return {"queued": submit_in_order(root, specs)}
+    return {"runner": jobs.launch(root, spec)}
+
+
 def submit_in_order(root: Path, specs: list[dict[str, Any]], only: set[JobState] | None = None,
                     unstick: bool = False) -> list[dict[str, Any]]:
-    """A pipeline on Slurm: each job submitted after the jobs it needs (`afterok`), in plan order.
+    """A pipeline on an executor that queues jobs (Slurm): each job submitted after the jobs it needs
+    (`afterok`), in plan order.
 
-    A needed job that is queued or running already is waited for by its Slurm id; one
+    A needed job that is queued or running already is waited for by its queue id; one
     that has succeeded is not waited for at all.
     """
     ids: dict[str, str] = {}
@@ -63,9 +77,15 @@ def submit_in_order(root: Path, specs: list[dict[str, Any]], only: set[JobState]
 
 
 def _queued_id(root: Path, key: str) -> str | None:
-    state = read_json(root / "jobs" / key / "state.json", {})
-    if state.get("slurm_job_id") and jobs.is_active(state, JobState(jobs.describe(root / "jobs" / key, time.time())["state"])):
-        return state["slurm_job_id"]
+    directory = root / "jobs" / key
+    try:
+        job = JobStore(root).read(directory)
+        executor = executors.of(job.state) if job.state else None
+        reading = jobs.read(job, time.time()) if executor else None
+    except (BrokenJob, HostError):
+        return None
+    if executor and reading and executor.is_active(job.state, reading.state):
+        return executor.queue_id(job.state)
     return None
 
 
@@ -73,40 +93,62 @@ def rerun(args: dict[str, Any]) -> Any:
     """Relaunch the jobs in a bad state, each with the workstation's fresh spec if it sent one.
 
     Jobs of an `inv run` pipeline are not relaunched one by one: the pipeline runner is,
-    resumed, so that dependencies and the GPU's exclusivity still hold.
+    resumed, so that dependencies and the GPU's exclusivity still hold. Where the executor
+    queues jobs itself (Slurm), they are submitted again in plan order instead.
     """
     root = Path(args["root"])
     only = {JobState(s) for s in args.get("states", [s.value for s in BAD])}
     fresh = args.get("specs", {})
     selected = [d for d in jobs.all_job_dirs(root) if _selected(args, d.parent.name, d.name)]
-    if any(read_json(d / "state.json", {}).get("slurm_job_id") for d in selected):
-        return rerun_on_slurm(root, selected, only, fresh)
+    described = {_key(d): job for d, job in zip(selected, jobs.describe_all(root, selected, time.time()))}
+    if any(_executor(d, fresh).queues for d in selected):
+        return rerun_in_order(root, selected, described, only, fresh)
     planned = pipeline_keys(root)
-    bad_planned = [d for d in selected if _key(d) in planned and _is_bad(d, only)]
+    bad = {key for key, job in described.items() if JobState(job["state"]) in only}
     results = []
-    if bad_planned or (RUNNER in map(_key, selected) and _is_bad(jobs.job_dir(root, *RUNNER.split("/")), only)):
+    if bad & (planned | {RUNNER}):
         results.append(resume_pipeline(root))
 
     def relaunch(directory: Path) -> dict[str, Any]:
-        spec = fresh.get(_key(directory)) or json.loads((directory / "spec.json").read_text())
+        try:
+            spec = fresh.get(_key(directory)) or JobStore(root).spec(directory)
+        except BrokenJob as exc:
+            return {"dataset": directory.parent.name, "stage": directory.name, "launched": False, "reason": f"broken: {exc}"}
         return jobs.launch(root, spec, only=only)
 
     return results + each(relaunch, [d for d in selected if _key(d) not in planned and _key(d) != RUNNER])
 
 
-def rerun_on_slurm(root: Path, selected: list[Path], only: set[JobState], fresh: dict[str, Any]) -> list[dict[str, Any]]:
-    """Resubmit the bad jobs and, after them, their dependents that Slurm holds for ever
-    (an `afterok` on a failed job is never satisfied): all in their first submission's order."""
-    now = time.time()
-    view = slurm_jobs.view([read_json(d / "state.json", {}) for d in selected])  # one squeue for all
-    described = {_key(d): jobs.describe(d, now, view) for d in selected}
-    stuck = {k for k, job in described.items() if job["state"] == "waiting" and NEVER in (job["message"] or "")}
+def _executor(directory: Path, fresh: dict[str, Any]) -> executors.Executor:
+    """The job's executor: as recorded, else as its fresh spec names it."""
+    try:
+        state = JobStore(directory.parents[2]).read(directory).state
+        if state:
+            return executors.of(state)
+    except (BrokenJob, HostError):
+        pass
+    return executors.for_spec(fresh.get(_key(directory), {}))
+
+
+def rerun_in_order(root: Path, selected: list[Path], described: dict[str, dict[str, Any]], only: set[JobState],
+                   fresh: dict[str, Any]) -> list[dict[str, Any]]:
+    """Resubmit the bad jobs and, after them, their dependents held for ever behind a failed job
+    (`blocked_by`): all in their first submission's order."""
+    store = JobStore(root)
+    stuck = {k for k, job in described.items() if job.get("blocked_by")}
     again = [d for d in selected if _key(d) in stuck or JobState(described[_key(d)]["state"]) in only]
-    specs = [fresh.get(_key(d)) or read_json(d / "spec.json") for d in again]
-    for spec, directory in zip(specs, again):
-        stored = read_json(directory / "spec.json", {})
+    specs = []
+    for directory in again:
+        try:
+            stored = store.spec(directory)
+        except BrokenJob:
+            stored = {}
+        spec = fresh.get(_key(directory)) or stored
+        if not spec:
+            continue
         spec.setdefault("after", stored.get("after", []))
         spec.setdefault("order", stored.get("order", 0))
+        specs.append(spec)
     specs.sort(key=lambda spec: spec.get("order", 0))
     return submit_in_order(root, specs, only, unstick=True)
 
@@ -118,22 +160,25 @@ def _key(directory: Path) -> str:
     return f"{directory.parent.name}/{directory.name}"
 
 
-def _is_bad(directory: Path, only: set[JobState]) -> bool:
-    return JobState(jobs.describe(directory, time.time())["state"]) in only
-
-
 def pipeline_keys(root: Path) -> set[str]:
-    spec = read_json(jobs.job_dir(root, "pipeline", "run") / "spec.json", {})
-    return {node["key"] for node in spec.get("config", {}).get("stage", {}).get("plan", [])}
+    try:
+        spec = JobStore(root).spec(jobs.job_dir(root, "pipeline", "run"))
+        return {node["key"] for node in spec.get("config", {}).get("stage", {}).get("plan", [])}
+    except (BrokenJob, AttributeError, KeyError, TypeError):
+        return set()
 
 
 def resume_pipeline(root: Path) -> dict[str, Any]:
     """Restart the runner (not its jobs, which live in sessions of their own) to carry on."""
-    directory = jobs.job_dir(root, "pipeline", "run")
-    spec = read_json(directory / "spec.json")
+    store = JobStore(root)
+    directory = store.directory("pipeline", "run")
+    spec = store.spec(directory)
     spec["config"]["stage"]["fresh"] = False
-    with jobs.locked(directory / "launch.lock"):
-        jobs.terminate(read_json(directory / "state.json", {}))
+    with store.locked(directory):
+        try:
+            jobs.terminate(store.read(directory).state)
+        except BrokenJob:
+            pass  # a broken record: launch starts it afresh
     return jobs.launch(root, spec)
 
 
@@ -173,7 +218,7 @@ def _log_dir(root: Path, dataset: str, stage: str | None) -> Path:
     if not candidates:
         raise HostError(f"no job for dataset {dataset}{' stage ' + stage if stage else ''} under {root}")
     # Without a stage, the most recently started job of the dataset.
-    return max(candidates, key=lambda d: json.loads((d / "state.json").read_text()).get("started_at", 0))
+    return max(candidates, key=lambda d: jobs.describe(d, time.time()).get("started_at") or 0)
 
 
 def check(args: dict[str, Any]) -> Any:
@@ -200,6 +245,7 @@ def assets(args: dict[str, Any]) -> Any:
 VERBS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "status": status,
     "launch": launch,
+    "run": run,
     "rerun": rerun,
     "stop": stop,
     "logs": logs,

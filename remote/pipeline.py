@@ -72,7 +72,7 @@ class Runner:
             unmet = [k for k in node["needs"] if states.get(k) != JobState.SUCCEEDED]
             blocked = [k for k in unmet if k in settled and states.get(k) not in (*ACTIVE, JobState.WAITING)]
             if blocked:
-                self.wait(node, unmet, f"blocked: {', '.join(blocked)} did not succeed")
+                self.wait(node, unmet, f"blocked: {', '.join(blocked)} did not succeed", blocked)
                 self.started.add(node["key"])  # never starts in this run
             elif unmet or (node["gpu"] and gpu_busy):
                 holder = [n["key"] for n in active if n["gpu"]]
@@ -84,12 +84,13 @@ class Runner:
                 self.start(node)
                 active.append(node)
 
-    def wait(self, node: dict[str, Any], waiting_for: list[str], message: str) -> None:
+    def wait(self, node: dict[str, Any], waiting_for: list[str], message: str, blocked_by: list[str] | None = None) -> None:
         directory = self.root / "jobs" / node["key"]
         directory.mkdir(parents=True, exist_ok=True)
         state = {
             "dataset": node["spec"]["dataset"], "stage": node["spec"]["stage"], "state": JobState.WAITING.value,
-            "waiting_for": waiting_for, "message": message, "pid": self.me.get("pid"),
+            "executor": "process",
+            "waiting_for": waiting_for, "blocked_by": blocked_by, "message": message, "pid": self.me.get("pid"),
             "pid_start": self.me.get("pid_start"), "stall_after": 10 ** 9,
         }
         if read_json(directory / "state.json", {}) != state:

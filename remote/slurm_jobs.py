@@ -49,7 +49,7 @@ def submit(directory: Path, spec: dict[str, Any], release: Path, after: list[str
     state = {
         "dataset": spec["dataset"], "stage": spec["stage"], "state": JobState.WAITING.value,
         "slurm_job_id": job_id, "release": release.name, "submitted_at": time.time(),
-        "stall_after": spec.get("stall_after", 600), "waiting_for": spec.get("after") or None,
+        "stall_after": spec.get("stall_after", 600), "waiting_for": spec.get("after") or None, "executor": "slurm",
     }
     write_json_atomic(directory / "state.json", state)
     return state

@@ -25,6 +25,9 @@ class JobState(str, Enum):
     """Gone without an exit code: kill -9, the OOM killer, a host reboot."""
     STOPPED = "stopped"
     """Ended by `inv stop`."""
+    BROKEN = "broken"
+    """Its files on the host cannot be read (a torn or foreign state.json, bytes that are not JSON):
+    listed with the reason, never taking the other jobs down; `inv rerun --failed` starts it afresh."""
 
     def is_terminal(self) -> bool:
         return self not in (JobState.WAITING, JobState.RUNNING, JobState.STALLED)
@@ -34,4 +37,4 @@ class JobState(str, Enum):
         return self in BAD
 
 
-BAD = frozenset({JobState.FAILED, JobState.DIED, JobState.EMPTY, JobState.STALLED})
+BAD = frozenset({JobState.FAILED, JobState.DIED, JobState.EMPTY, JobState.STALLED, JobState.BROKEN})

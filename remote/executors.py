@@ -1,0 +1,192 @@
+"""Where a job runs, behind one small interface: `process` (a detached supervisor on this
+host) and `slurm` (the same supervisor inside a Slurm allocation).
+
+The executor is chosen once, by name, from the job's spec, and recorded in its
+state (``"executor": "process"``); everything above this module asks the job's
+executor and never which one it is.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from remote import processes
+from remote.store import HostError
+from remote.progress import write_json_atomic
+from remote.states import JobState
+
+
+@dataclass
+class Reading:
+    """A job's state as its executor sees it now, and what to show with it."""
+
+    state: JobState
+    message: str = ""
+    fields: dict[str, Any] = field(default_factory=dict)
+    """Status keys only this executor has (Slurm's job id, state and node)."""
+    blocked_by: list[str] | None = None
+    """Jobs whose failure holds this one for ever; only a rerun moves it."""
+
+
+class Executor(Protocol):
+    name: str
+    queues: bool
+    """Whether jobs wait for the jobs they need in the executor's own queue (else the runner waits)."""
+
+    def submit(self, directory: Path, spec: dict[str, Any], release: Path, after: list[str]) -> dict[str, Any]:
+        """Start (or queue) the job; the launch result's fields (`where`, and `pid` or `slurm_job_id`)."""
+
+    def batch_view(self, states: list[dict[str, Any]]) -> Any:
+        """What the executor knows about all these jobs at once (one query), for `read`."""
+
+    def read(self, state: dict[str, Any], progress: dict[str, Any], now: float, view: Any) -> Reading: ...
+
+    def is_active(self, state: dict[str, Any], reading: JobState | None) -> bool: ...
+
+    def cancel(self, state: dict[str, Any]) -> bool:
+        """End the job and whatever it left running; whether there was anything to end."""
+
+    def queue_id(self, state: dict[str, Any]) -> str | None:
+        """The id a dependent job waits on, where the executor queues jobs (Slurm); None here."""
+
+    def who(self, state: dict[str, Any]) -> str: ...
+
+
+def base_message(state: dict[str, Any], progress: dict[str, Any]) -> str:
+    return state.get("message") or progress.get("message") or ""
+
+
+def last_sign(state: dict[str, Any], progress: dict[str, Any]) -> float:
+    return max(progress.get("updated_at") or 0, state.get("started_at") or 0)
+
+
+class ProcessExecutor:
+    """A supervisor in a session of its own on this host; its pid is the job's process group."""
+
+    name = "process"
+    queues = False  # waiting on other jobs is the pipeline runner's (remote.pipeline)
+
+    def submit(self, directory: Path, spec: dict[str, Any], release: Path, after: list[str]) -> dict[str, Any]:
+        python_path = os.pathsep.join(filter(None, [str(release), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"}
+        with open(directory / "log", "ab") as log:
+            # A new session: no controlling terminal, no SIGHUP when the SSH session ends.
+            process = subprocess.Popen(
+                [sys.executable, "-m", "remote.supervisor", str(directory)],
+                cwd=release, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        write_json_atomic(directory / "state.json", {
+            "dataset": spec["dataset"], "stage": spec["stage"], "executor": self.name,
+            "state": JobState.RUNNING.value, "pid": process.pid, "pgid": process.pid,
+            "pid_start": processes.process_start(process.pid), "release": release.name,
+            "started_at": time.time(), "stall_after": spec.get("stall_after", 600),
+        })
+        return {"pid": process.pid, "where": f"pid {process.pid}"}
+
+    def batch_view(self, states: list[dict[str, Any]]) -> Any:
+        return None
+
+    def read(self, state: dict[str, Any], progress: dict[str, Any], now: float, view: Any) -> Reading:
+        recorded = JobState(state.get("state", "died"))
+        message = base_message(state, progress)
+        if recorded == JobState.WAITING:  # its pid is the pipeline runner's, which reports for itself
+            if not processes.is_alive(state):
+                message = "not started: the pipeline runner has ended; `inv rerun --failed` resumes"
+            return Reading(recorded, message, blocked_by=state.get("blocked_by"))
+        if recorded not in (JobState.RUNNING, JobState.STALLED):
+            return Reading(recorded, message)
+        if not processes.is_alive(state):
+            message = f"supervisor (pid {state.get('pid')}) is gone without an exit code"
+            if processes.group_members(state):
+                message += "; its stage still runs (`inv stop` or `inv rerun --failed` ends it)"
+            return Reading(JobState.DIED, message)
+        quiet = now - last_sign(state, progress)
+        if quiet > state.get("stall_after", 600):
+            return Reading(JobState.STALLED, f"no progress for {quiet:.0f}s")
+        return Reading(JobState.RUNNING, message)
+
+    def is_active(self, state: dict[str, Any], reading: JobState | None) -> bool:
+        return reading != JobState.WAITING and processes.is_alive(state)  # a waiting job's pid is the runner's
+
+    def cancel(self, state: dict[str, Any]) -> bool:
+        if state.get("state") == JobState.WAITING.value:
+            return False  # the runner's pid: the job itself never started
+        return processes.end_group(state)
+
+    def queue_id(self, state: dict[str, Any]) -> str | None:
+        return None
+
+    def who(self, state: dict[str, Any]) -> str:
+        return f"pid {state.get('pid')}"
+
+
+class SlurmExecutor:
+    """`sbatch` of the same supervisor; Slurm's own view (one `squeue` for all jobs) corrects the record."""
+
+    name = "slurm"
+    queues = True  # a job waits on the ones it needs in Slurm's queue (afterok)
+
+    def submit(self, directory: Path, spec: dict[str, Any], release: Path, after: list[str]) -> dict[str, Any]:
+        from remote import slurm_jobs
+
+        state = slurm_jobs.submit(directory, spec, release, after)
+        return {"slurm_job_id": state["slurm_job_id"], "where": f"Slurm job {state['slurm_job_id']}"}
+
+    def batch_view(self, states: list[dict[str, Any]]) -> Any:
+        from remote import slurm_jobs
+
+        return slurm_jobs.view(states)
+
+    def read(self, state: dict[str, Any], progress: dict[str, Any], now: float, view: Any) -> Reading:
+        from remote import slurm_jobs
+
+        view = self.batch_view([state]) if view is None else view
+        job = view.get(state["slurm_job_id"])
+        reading, note = slurm_jobs.effective(state, progress, now, job)
+        message = base_message(state, progress)
+        message = f"{note}: {message}" if note and message else note or message
+        blocked = state.get("waiting_for") or [] if job is not None and job.reason == slurm_jobs.NEVER else None
+        fields = {"slurm_job_id": state["slurm_job_id"], "slurm_state": job.state if job else None,
+                  "node": job.node if job else state.get("node")}
+        return Reading(reading, message, fields, blocked_by=blocked if reading == JobState.WAITING else None)
+
+    def is_active(self, state: dict[str, Any], reading: JobState | None) -> bool:
+        return reading in (JobState.WAITING, JobState.RUNNING)
+
+    def cancel(self, state: dict[str, Any]) -> bool:
+        from remote import slurm_jobs
+
+        slurm_jobs.cancel(state)
+        return True
+
+    def queue_id(self, state: dict[str, Any]) -> str | None:
+        return state.get("slurm_job_id")
+
+    def who(self, state: dict[str, Any]) -> str:
+        return f"Slurm job {state.get('slurm_job_id')}"
+
+
+EXECUTORS: dict[str, Executor] = {"process": ProcessExecutor(), "slurm": SlurmExecutor()}
+
+
+def named(name: str) -> Executor:
+    if name not in EXECUTORS:
+        raise HostError(f"unknown executor {name!r}: expected one of {', '.join(EXECUTORS)}")
+    return EXECUTORS[name]
+
+
+def for_spec(spec: dict[str, Any]) -> Executor:
+    """The executor the workstation chose for this job (specs from before the name: by their resources)."""
+    return named(spec.get("executor") or ("slurm" if spec.get("slurm") is not None else "process"))
+
+
+def of(state: dict[str, Any]) -> Executor:
+    """The executor a job's record names (records from before the name: by their Slurm id)."""
+    return named(state.get("executor") or ("slurm" if state.get("slurm_job_id") else "process"))

@@ -1,0 +1,165 @@
+"""The job store on the host: the layout under ``<root>/jobs``, and each job read on its own.
+
+One directory per (dataset, stage), plus the pseudo jobs of ``inv run``
+(``pipeline/run``, ``draft/train``)::
+
+    spec.json      what to run (written by launch)
+    state.json     the record: executor, pid/pgid or Slurm id, release, times, exit code
+    progress.json  the stage's counters (remote.progress)
+    log            the stage's output; the previous run's is kept as log.1
+    launch.lock    taken while a launch, rerun or stop decides about the job
+
+Every file is checked as it is read: a job whose files are torn, of the wrong
+type or hold bytes that are not JSON raises `BrokenJob` with the reason, which
+the status lists as that job's state (`broken`) instead of failing as a whole.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from remote.progress import write_json_atomic
+from remote.states import JobState
+
+STATE, SPEC, PROGRESS, LOG, LOCK = "state.json", "spec.json", "progress.json", "log", "launch.lock"
+#: Fields of state.json and progress.json that must be numbers when present.
+TIMES = ("started_at", "ended_at", "heartbeat_at", "submitted_at", "stall_after", "updated_at")
+
+
+class HostError(Exception):
+    """A refusal the workstation shows as one line."""
+
+
+class BrokenJob(Exception):
+    """A job whose files cannot be read; the message says which and why."""
+
+
+@dataclass
+class Job:
+    """One job's files, read and checked."""
+
+    directory: Path
+    state: dict[str, Any]
+    progress: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.directory.parent.name}/{self.directory.name}"
+
+
+class JobStore:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def directory(self, dataset: str, stage: str) -> Path:
+        return self.root / "jobs" / dataset / stage
+
+    def directories(self) -> list[Path]:
+        """Every job that has a record, a broken one included (a directory where state.json was)."""
+        return sorted(p.parent for p in (self.root / "jobs").glob(f"*/*/{STATE}"))
+
+    def current_release(self) -> Path:
+        link = self.root / "current"
+        if not link.exists():
+            raise HostError(f"nothing deployed under {self.root}: run `inv deploy` first")
+        return link.resolve()
+
+    @contextmanager
+    def locked(self, directory: Path) -> Iterator[None]:
+        """An exclusive flock: two terminals launching the same job take turns."""
+        with open(directory / LOCK, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
+    def read(self, directory: Path) -> Job:
+        """The job's record and counters; `BrokenJob` when either cannot be trusted."""
+        return Job(directory, checked_state(read_object(directory / STATE)),
+                   checked_progress(read_object(directory / PROGRESS)))
+
+    def spec(self, directory: Path) -> dict[str, Any]:
+        spec = read_object(directory / SPEC)
+        if not spec:
+            raise BrokenJob(f"{SPEC} is missing: launch the job again from the workstation")
+        return spec
+
+    def write_state(self, directory: Path, state: dict[str, Any]) -> None:
+        write_json_atomic(directory / STATE, state)
+
+    def prepare(self, directory: Path, spec: dict[str, Any]) -> None:
+        """A fresh start: the new spec, no old counters, the previous log kept as log.1, a broken record cleared."""
+        for name in (STATE, PROGRESS, SPEC):
+            if (directory / name).is_dir():  # a directory where a file belongs: what made the job broken
+                shutil.rmtree(directory / name)
+        write_json_atomic(directory / SPEC, spec)
+        (directory / PROGRESS).unlink(missing_ok=True)
+        if (directory / LOG).exists():
+            (directory / LOG).replace(directory / f"{LOG}.1")
+
+
+def read_object(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; {} when absent; `BrokenJob` when it is anything else."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except IsADirectoryError:
+        raise BrokenJob(f"{path.name} is a directory, not a file") from None
+    except OSError as exc:
+        raise BrokenJob(f"{path.name} cannot be read: {exc.strerror or exc}") from None
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BrokenJob(f"{path.name} holds bytes that are not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise BrokenJob(f"{path.name} is not valid JSON (torn or half-written?): {exc.msg} at byte {exc.pos}") from None
+    if not isinstance(value, dict):
+        raise BrokenJob(f"{path.name} holds a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def checked_state(state: dict[str, Any]) -> dict[str, Any]:
+    if not state:
+        return state
+    if state.get("state") not in {s.value for s in JobState} - {JobState.BROKEN.value}:
+        raise BrokenJob(f"{STATE} has an unknown state {state.get('state')!r}")
+    for key in ("pid", "pgid"):
+        if not _is_int_or_none(state.get(key)):
+            raise BrokenJob(f"{STATE}: {key} {state[key]!r} is not a process id")
+    if not isinstance(state.get("pid_start"), (str, type(None))):
+        raise BrokenJob(f"{STATE}: pid_start {state['pid_start']!r} is not a process start time")
+    _check_times(STATE, state)
+    for key in ("waiting_for", "blocked_by"):
+        if not isinstance(state.get(key), (list, type(None))):
+            raise BrokenJob(f"{STATE}: {key} is not a list")
+    return state
+
+
+def checked_progress(progress: dict[str, Any]) -> dict[str, Any]:
+    if not _is_int_or_none(progress.get("records")):
+        raise BrokenJob(f"{PROGRESS}: records {progress['records']!r} is not a whole number")
+    reasons = progress.get("skip_reasons", {})
+    if not isinstance(reasons, dict) or not all(isinstance(n, int) and not isinstance(n, bool) for n in reasons.values()):
+        raise BrokenJob(f"{PROGRESS}: skip_reasons is not a mapping of reason to count")
+    if not isinstance(progress.get("metrics", {}), dict):
+        raise BrokenJob(f"{PROGRESS}: metrics is not a mapping")
+    if not isinstance(progress.get("message", ""), str):
+        raise BrokenJob(f"{PROGRESS}: message is not text")
+    _check_times(PROGRESS, progress)
+    return progress
+
+
+def _check_times(name: str, record: dict[str, Any]) -> None:
+    for key in TIMES:
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise BrokenJob(f"{name}: {key} {value!r} is not a number")
+
+
+def _is_int_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
