@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -20,14 +21,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from remote import server
-from remote.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, last_line, process_start
+from remote import scratch, server
+from remote.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, last_line
+from remote.processes import die_with_parent, process_start
 from remote.progress import PROGRESS_ENV, read_json, write_json_atomic
 from remote.stages import DEFAULT_COMMANDS
 from remote.states import JobState
 
 
-def stage_env(spec: dict[str, Any], directory: Path, release: Path) -> dict[str, str]:
+def stage_env(spec: dict[str, Any], directory: Path, release: Path, run: str = "") -> dict[str, str]:
     """The stage contract's variables (see remote.stages)."""
     root = directory.parents[2]
     data = root / "data" / spec["dataset"]
@@ -42,12 +44,27 @@ def stage_env(spec: dict[str, Any], directory: Path, release: Path) -> dict[str,
         "AERIE_DATA": str(data),
         PROGRESS_ENV: str(directory / "progress.json"),
         "AERIE_CONFIG": json.dumps(spec.get("config", {})),
+        scratch.RUN_ENV: run or scratch.run_id(),
     }
 
 
 def stage_command(spec: dict[str, Any]) -> str:
     command = spec.get("command") or DEFAULT_COMMANDS[spec["stage"]]
     return command.replace("{python}", sys.executable)
+
+
+def exec_form(command: str) -> str:
+    """`exec CMD` for a simple command, so that the stage is the shell's process and inherits its
+    parent-death signal (dash forks even the last command of `sh -c`); other command lines as they are."""
+    if any(c in command for c in ";&|\n()`"):
+        return command
+    try:
+        first = shlex.split(command)[0]
+    except (ValueError, IndexError):
+        return command
+    if "=" in first or first in ("if", "for", "while", "until", "case", "{", "!", "exec"):
+        return command
+    return f"exec {command}"
 
 
 def killed_by(exit_code: int) -> signal.Signals | None:
@@ -69,13 +86,16 @@ def end_state(exit_code: int, records: int, stopping: bool) -> JobState:
     return JobState.SUCCEEDED if records > 0 else JobState.EMPTY
 
 
-def end_message(state: JobState, exit_code: int, progress: dict[str, Any], log: Path) -> str:
+def end_message(state: JobState, exit_code: int, progress: dict[str, Any], log: Path, no_space: bool = False) -> str:
     if state == JobState.EMPTY:
         reasons = sorted(progress.get("skip_reasons", {}).items(), key=lambda kv: -kv[1])[:3]
         why = ", ".join(f"{reason} ×{count}" for reason, count in reasons) or "the stage reported no records"
         return f"exit 0 with zero records: {why}"
     if killed_by(exit_code):
         return f"killed by {killed_by(exit_code).name}"
+    if state == JobState.FAILED and no_space:
+        why = last_line(log)
+        return f"no space left on device: exit {exit_code}" + (f": {why}" if why and scratch.NO_SPACE not in why else "")
     if state == JobState.FAILED:
         return f"exit {exit_code}: {last_line(log)}"
     return progress.get("message", "")
@@ -113,19 +133,25 @@ class Supervisor:
         spec = read_json(self.directory / "spec.json")
         state = read_json(self.state_path)
         # Under Slurm the job was only queued by the launcher: this is where it starts, and on which node.
-        state.update(state=JobState.RUNNING.value, pid=os.getpid(), pid_start=process_start(os.getpid()),
-                     node=socket.gethostname(), started_at=state.get("started_at") or time.time())
+        # The run's id names its temporary files, so that no other run of this job can take them for its own.
+        self.run_id = f"{time.time_ns():x}-{os.getpid()}"
+        state.update(state=JobState.RUNNING.value, pid=os.getpid(), pgid=os.getpgrp(),
+                     pid_start=process_start(os.getpid()), node=socket.gethostname(), run=self.run_id,
+                     started_at=state.get("started_at") or time.time())
         write_json_atomic(self.state_path, state)
         release = Path.cwd()
-        env = {**os.environ, **stage_env(spec, self.directory, release)}
-        Path(env["AERIE_OUTPUT"]).mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **stage_env(spec, self.directory, release, self.run_id)}
+        self.output = Path(env["AERIE_OUTPUT"])
+        self.output.mkdir(parents=True, exist_ok=True)
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         command = stage_command(spec)
         print(f"{SUPERVISOR_MARK} {spec['stage']} {spec['dataset']} on release {release.name}: {command}", flush=True)
         try:
             with inference_server(spec.get("server"), self.directory):
-                self.child = subprocess.Popen(["/bin/sh", "-c", command], cwd=release, env=env)
+                # The stage dies with this supervisor: a kill -9 here must not leave it writing on its own.
+                self.child = subprocess.Popen(["/bin/sh", "-c", exec_form(command)], cwd=release, env=env,
+                                              preexec_fn=die_with_parent(os.getpid()))
                 exit_code = self._wait(state)
         except server.ServerError as exc:
             print(f"inference server: {exc}", flush=True)
@@ -151,22 +177,75 @@ class Supervisor:
                 return self.child.wait(timeout=HEARTBEAT_SECONDS)
             except subprocess.TimeoutExpired:
                 state["heartbeat_at"] = time.time()
-                write_json_atomic(self.state_path, state)
+                try:
+                    write_json_atomic(self.state_path, state)
+                except OSError:  # a full disk: the stage's end is what matters, not this beat
+                    _remove_torn(self.state_path)
 
     def _finish(self, state: dict[str, Any], exit_code: int) -> JobState:
-        progress = read_json(self.directory / "progress.json", {})
-        ended = end_state(exit_code, progress.get("records", 0), self.stopping)
+        progress = _read_progress(self.directory / "progress.json")
+        records = progress.get("records", 0) if isinstance(progress.get("records"), int) else 0
+        ended = end_state(exit_code, records, self.stopping)
+        no_space = False
+        if ended != JobState.SUCCEEDED:
+            log = self.directory / "log"
+            no_space = scratch.is_nearly_full(self.output) or scratch.NO_SPACE in _tail(log)
+            removed = scratch.remove_temporaries(self.output, self.run_id)
+            if removed:
+                _log_line(f"{SUPERVISOR_MARK} removed this run's temporary files: {', '.join(removed[:5])}"
+                          + (f" and {len(removed) - 5} more" if len(removed) > 5 else ""))
         state.update(
             state=ended.value,
             exit_code=exit_code,
             signal=getattr(killed_by(exit_code), "name", None),
             ended_at=time.time(),
-            message=end_message(ended, exit_code, progress, self.directory / "log"),
+            message=end_message(ended, exit_code, progress, self.directory / "log", no_space),
         )
-        write_json_atomic(self.state_path, state)
-        print(f"{SUPERVISOR_MARK} {ended.value}: exit {exit_code}, {progress.get('records', 0)} records", flush=True)
+        write_state_last(self.state_path, state)
+        _log_line(f"{SUPERVISOR_MARK} {ended.value}: exit {exit_code}, {records} records")
         return ended
 
+
+def _read_progress(path: Path) -> dict[str, Any]:
+    try:
+        progress = read_json(path, {})
+    except (OSError, ValueError):
+        return {}
+    return progress if isinstance(progress, dict) else {}
+
+
+def _tail(log: Path) -> str:
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - 4096))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _log_line(text: str) -> None:
+    try:
+        print(text, flush=True)
+    except OSError:  # the log's disk is full; the state record says it all
+        pass
+
+
+def _remove_torn(path: Path) -> None:
+    for torn in path.parent.glob(f".{path.name}.{os.getpid()}.tmp"):
+        torn.unlink(missing_ok=True)
+
+
+def write_state_last(path: Path, state: dict[str, Any]) -> None:
+    """The end state must land even on a full disk: through a rename if it can, else over the old record
+    (whose blocks it reuses) in place."""
+    try:
+        write_json_atomic(path, state)
+        return
+    except OSError:
+        _remove_torn(path)
+    with open(path, "r+b") as handle:
+        handle.write(json.dumps(state, sort_keys=True).encode())
+        handle.truncate()
 
 if __name__ == "__main__":
     sys.exit(Supervisor(Path(sys.argv[1])).run())

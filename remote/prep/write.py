@@ -22,9 +22,9 @@ import numpy as np
 
 from remote.prep.pipeline import Prepared
 from remote.progress import write_json_atomic
+from remote.scratch import TMP_PREFIX, temporary_name
 
 MANIFEST = "manifest.json"
-TMP_PREFIX = ".tmp-"
 
 
 class OutputWriter:
@@ -38,7 +38,7 @@ class OutputWriter:
         _clear(self.directory)
         name = "conversations.jsonl" if kind == "native" else "prompts.jsonl"
         self._jsonl_name = name
-        self._jsonl = open(self.directory / f"{TMP_PREFIX}{name}", "w", encoding="utf-8")
+        self._jsonl = open(self.directory / temporary_name(name), "w", encoding="utf-8")
         self._pending: list[tuple[str, np.ndarray, np.ndarray]] = []
         self._shards: list[str] = []
 
@@ -59,13 +59,16 @@ class OutputWriter:
         self._jsonl.close()
         names = [self._jsonl_name] + self._shards
         for name in names:
-            os.replace(self.directory / f"{TMP_PREFIX}{name}", self.directory / name)
+            os.replace(self.directory / temporary_name(name), self.directory / name)
         write_json_atomic(self.directory / MANIFEST, {**manifest, "outputs": names})
         return names
 
     def abort(self) -> None:
         """Drop what this run wrote; the directory is left empty of outputs."""
-        self._jsonl.close()
+        try:
+            self._jsonl.close()  # its last flush fails on a full disk: clear all the same, to free it
+        except OSError:
+            pass
         _clear(self.directory)
 
     def _write_shard(self, rows: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
@@ -82,7 +85,7 @@ class OutputWriter:
             }
         )
         name = f"tokens-{len(self._shards):05d}.parquet"
-        pq.write_table(table, self.directory / f"{TMP_PREFIX}{name}")
+        pq.write_table(table, self.directory / temporary_name(name))
         self._shards.append(name)
 
 

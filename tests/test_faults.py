@@ -1,0 +1,211 @@
+"""The host side under faults: a killed supervisor, two runs of one job, a full disk, corrupt job files.
+
+These drive the host's own functions (remote.jobs, `python -m remote`'s verbs) on a
+root whose release is this checkout, with the real supervisor and
+tests/stages/scripted.py as the stage: no SSH and no deploy, so each takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from remote import __main__ as verbs
+from remote import jobs
+from remote.states import JobState
+from tests.harness import REPO, SCRIPTED, wait_for
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "current").symlink_to(REPO)  # this checkout is the release
+    return root
+
+
+def spec(dataset: str, plan: str, command: str | None = None) -> dict[str, Any]:
+    return {"dataset": dataset, "stage": "prep", "command": command or f"{{python}} {SCRIPTED}", "source": plan,
+            "kind": "native", "stall_after": 600, "executor": "process", "config": {}}
+
+
+def state_of(root: Path, dataset: str) -> dict[str, Any]:
+    return next(j for j in jobs.status(root)["jobs"] if j["dataset"] == dataset)
+
+
+def record(root: Path, dataset: str) -> dict[str, Any]:
+    return json.loads((root / "jobs" / dataset / "prep" / "state.json").read_text())
+
+
+def is_running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def descendants(pid: int, needle: str) -> list[int]:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            pgrp = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[2])
+        except OSError:
+            continue
+        if pgrp == pid and needle in cmdline and int(entry) != pid:
+            found.append(int(entry))
+    return found
+
+
+def wait_ended(root: Path, dataset: str, timeout: float = 30) -> dict[str, Any]:
+    wait_for(lambda: JobState(state_of(root, dataset)["state"]).is_terminal(), timeout, f"{dataset} to end")
+    return state_of(root, dataset)
+
+
+# -- process groups ------------------------------------------------------------
+
+
+def test_the_stage_dies_with_its_supervisor(root: Path) -> None:
+    jobs.launch(root, spec("A", "records=1000 sleep=0.1"))
+    supervisor = record(root, "A")["pid"]
+    stage: list[int] = []
+    wait_for(lambda: bool(stage.extend(descendants(supervisor, "scripted.py")) or stage), 15, "the stage")
+    os.kill(supervisor, signal.SIGKILL)
+    wait_for(lambda: not any(is_running(p) for p in stage), 10, "the stage to die with its supervisor")
+    assert state_of(root, "A")["state"] == "died"
+
+
+def test_stop_and_rerun_end_what_a_killed_supervisor_left_running(root: Path) -> None:
+    jobs.launch(root, spec("A", "records=1000 sleep=0.1 child=1"))
+    child_file = root / "data" / "A" / "prep" / "child.pid"
+    wait_for(child_file.exists, 15, "the stage's child")
+    grandchild = int(child_file.read_text())
+    os.kill(record(root, "A")["pid"], signal.SIGKILL)
+    wait_for(lambda: state_of(root, "A")["state"] == "died", 10, "A to be died")
+    assert "still runs" in state_of(root, "A")["message"]
+    assert jobs.stop(root, "A", "prep")["stopped"]
+    wait_for(lambda: not is_running(grandchild), 10, "stop to end the left-over group")
+    assert state_of(root, "A")["state"] == "stopped"
+
+    # The same through a rerun: the old group ends before the new run starts.
+    jobs.launch(root, spec("B", "records=1000 sleep=0.1 child=1"))
+    child_file = root / "data" / "B" / "prep" / "child.pid"
+    wait_for(child_file.exists, 15, "B's child")
+    grandchild = int(child_file.read_text())
+    os.kill(record(root, "B")["pid"], signal.SIGKILL)
+    relaunched = verbs.rerun({"root": str(root), "datasets": ["B"], "specs": {"B/prep": spec("B", "records=1")}})
+    assert [r["dataset"] for r in relaunched if r["launched"]] == ["B"]
+    assert not is_running(grandchild)
+    assert wait_ended(root, "B")["state"] == "succeeded"
+
+
+def test_two_runs_of_a_job_never_take_each_others_temporary_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from remote.prep.normalise import Record
+    from remote.prep.pipeline import Prepared, Summary
+    from remote.prep.tokenise import Tokens
+    from remote.prep.write import OutputWriter
+
+    def batch(name: str, width: int) -> Prepared:
+        tokens = Tokens(np.full(width, 7, dtype=np.int32), np.ones(width, dtype=np.int8))
+        return Prepared([Record(name, [{"role": "user", "content": name}])], [tokens], Summary())
+
+    monkeypatch.setenv("AERIE_RUN", "first")
+    first = OutputWriter(tmp_path, "native", shard_size=1)
+    first(batch("first-0", 3))
+    monkeypatch.setenv("AERIE_RUN", "second")
+    second = OutputWriter(tmp_path, "native", shard_size=1)  # a rerun while the first run still writes
+    second(batch("second-0", 5))
+    first(batch("first-1", 3))  # the first run's shard 1, written before the second writes its own
+    second(batch("second-1", 5))
+    second.commit({})
+    import pyarrow.parquet as pq
+
+    ids = [i for name in ("tokens-00000.parquet", "tokens-00001.parquet")
+           for i in pq.read_table(tmp_path / name).column("id").to_pylist()]
+    assert ids == ["second-0", "second-1"]
+    with pytest.raises(FileNotFoundError):
+        first.commit({})  # its files were cleared: it cannot publish a mix
+
+
+# -- a full disk -----------------------------------------------------------------
+
+
+FILL = ("import os, pathlib; from remote.scratch import temporary_name; "
+        "out = pathlib.Path(os.environ['AERIE_OUTPUT']); "
+        "f = open(out / temporary_name('conversations.jsonl'), 'wb'); "
+        "[f.write(b'x' * 65536) or f.flush() for _ in iter(int, 1)]")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Path:
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_is_failed_with_no_space_left_and_the_temporary_files_are_removed(small_disk: Path) -> None:
+    root = small_disk / "root"
+    root.mkdir()
+    (root / "current").symlink_to(REPO)
+    jobs.launch(root, spec("A", "", command=f"{{python}} -c {json.dumps(FILL)}"))
+    ended = wait_ended(root, "A")
+    assert ended["state"] == "failed", ended
+    assert "no space left" in ended["message"], ended
+    output = root / "data" / "A" / "prep"
+    assert not [p.name for p in output.iterdir() if p.name.startswith(".tmp-")]
+
+
+# -- corrupt job files -------------------------------------------------------------
+
+CORRUPTIONS = {
+    "a directory where state.json was": lambda d: (d / "state.json").mkdir(),
+    "an unknown state": lambda d: (d / "state.json").write_text('{"state": "exploded", "pid": 1}'),
+    "binary bytes in progress.json": lambda d: ((d / "state.json").write_text('{"state": "succeeded"}'),
+                                                (d / "progress.json").write_bytes(b"\xff\xfe\x00garbage")),
+    "JSON of the wrong type": lambda d: (d / "state.json").write_text('[1, 2, 3]'),
+    "a half-written state.json": lambda d: (d / "state.json").write_text('{"state": "running", "pid": 12'),
+    "a pid that is not a number": lambda d: (d / "state.json").write_text('{"state": "running", "pid": "abc"}'),
+}
+
+
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_one_corrupt_job_is_listed_broken_and_status_and_rerun_carry_on(root: Path, corruption: str) -> None:
+    good = root / "jobs" / "A" / "prep"
+    good.mkdir(parents=True)
+    (good / "state.json").write_text(json.dumps({"dataset": "A", "stage": "prep", "state": "succeeded"}))
+    (good / "progress.json").write_text(json.dumps({"records": 3}))
+    bad = root / "jobs" / "B" / "prep"
+    bad.mkdir(parents=True)
+    CORRUPTIONS[corruption](bad)
+
+    shown = {j["dataset"]: j for j in jobs.status(root)["jobs"]}
+    assert shown["A"]["state"] == "succeeded" and shown["A"]["records"] == 3
+    assert shown["B"]["state"] == "broken" and shown["B"]["message"].startswith("broken: "), shown["B"]
+
+    relaunched = verbs.rerun({"root": str(root), "specs": {"B/prep": spec("B", "records=2")}})
+    assert [r["dataset"] for r in relaunched if r["launched"]] == ["B"]
+    assert wait_ended(root, "B")["state"] == "succeeded"
+
+
+def test_the_host_command_answers_with_a_broken_job_listed(root: Path) -> None:
+    bad = root / "jobs" / "B" / "prep"
+    bad.mkdir(parents=True)
+    (bad / "state.json").write_bytes(b"\x00\x01")
+    done = subprocess.run([sys.executable, "-m", "remote", "status", json.dumps({"root": str(root)})],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    from remote.wire import decode
+
+    assert [j["state"] for j in decode(done.stdout)["jobs"]] == ["broken"]
