@@ -94,3 +94,45 @@ def test_parquet_rows_of_two_families_unified_by_arrow_go_through_prep(tmp_path,
     summary = run_prep(rows, ("native", "T", Target(), settings, tiny_tokenizer), settings)
     assert (summary.rows, summary.kept) == (2, 2), summary.skip_reasons
     assert summary.formats == {"openai_tools": 1, "sharegpt": 1}
+
+
+# -- hostile bytes -----------------------------------------------------------------
+
+
+def test_a_row_with_bad_utf8_is_skipped_with_a_reason_and_its_neighbours_kept(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"id": "a"}\n{"id": "b\xff\xfe"}\n{"id": "c"}\n')
+    assert list(iter_rows(Source(str(path)))) == [{"id": "a"}, Malformed("invalid UTF-8"), {"id": "c"}]
+
+
+def test_lines_split_on_newline_only_so_a_stray_carriage_return_stays_in_its_row(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"id": "a", "text": "one\rtwo"}\r\n{"id": "b"}\n')
+    assert list(iter_rows(Source(str(path)))) == [{"id": "a", "text": "one\rtwo"}, {"id": "b"}]
+
+
+def test_a_truncated_json_array_keeps_its_complete_rows(tmp_path):
+    import json
+
+    rows = [{"id": f"r{i}", "text": 'quotes " and ] and , inside', "nested": [{"a": [1, 2]}]} for i in range(3)]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows)[:-25])
+    assert list(iter_rows(Source(str(path)))) == rows[:2] + [Malformed("the file ends inside a row (truncated?)")]
+
+
+def test_an_overlong_row_is_skipped_without_being_held_in_memory(tmp_path, monkeypatch):
+    import tracemalloc
+
+    from remote.prep import load
+
+    monkeypatch.setattr(load, "MAX_ROW_BYTES", 1 << 20)
+    row = b'{"id": "big", "text": "' + b"x" * (8 << 20) + b'"}'
+    (tmp_path / "rows.jsonl").write_bytes(b'{"id": "a"}\n' + row + b'\n{"id": "b"}\n')
+    (tmp_path / "rows.json").write_bytes(b'[{"id": "a"}, ' + row + b', {"id": "b"}]')
+    for name in ("rows.jsonl", "rows.json"):
+        tracemalloc.start()
+        rows = list(iter_rows(Source(str(tmp_path / name))))
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert rows == [{"id": "a"}, Malformed("row longer than 1,048,576 bytes"), {"id": "b"}], name
+        assert peak < 6 << 20, f"{name}: peak {peak:,} bytes for an 8 MiB row"
