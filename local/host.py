@@ -7,7 +7,7 @@ import shlex
 from typing import Any, BinaryIO
 
 from local.errors import AerieError, NotDeployed
-from local.inventory import REPO, Inventory
+from local.inventory import ENV_NAME, REPO, Inventory
 from local.transport import Result, Transport, open_transport
 from remote.wire import decode
 
@@ -31,9 +31,15 @@ class RemoteHost:
     def command(self, verb: str, args: dict[str, Any]) -> str:
         current = shlex.quote(f"{self.root}/current")
         payload = shlex.quote(json.dumps({"root": self.root, **args}))
-        env = "".join(f"{k}={shlex.quote(v)} " for k, v in self.inventory.host.env.items())
         return (f"[ -d {current} ] || exit {NOT_DEPLOYED}; cd {current} && "
-                f"{env}PYTHONPATH=.${{PYTHONPATH:+:$PYTHONPATH}} exec {self.python} -m remote {verb} {payload}")
+                f"{self._env()}PYTHONPATH=.${{PYTHONPATH:+:$PYTHONPATH}} exec {shlex.quote(self.python)} -m remote {verb} {payload}")
+
+    def _env(self) -> str:
+        """`host.env` as shell assignments: values quoted, names checked (the inventory refuses bad ones first)."""
+        for key in self.inventory.host.env:
+            if not ENV_NAME.fullmatch(key):
+                raise AerieError(f"host.env key {key!r} is not an environment variable name")
+        return "".join(f"{k}={shlex.quote(v)} " for k, v in self.inventory.host.env.items())
 
     def status(self) -> dict[str, Any]:
         """`status`; a host where nothing is deployed yet simply has no jobs."""
@@ -55,11 +61,8 @@ class RemoteHost:
     def release(self, verb: str, *args: str, stdin: bytes | None = None) -> Any:
         """The deploy agent, sent as source so that it runs where nothing is deployed yet."""
         argv = " ".join(shlex.quote(a) for a in (verb, self.root, *args))
-        command = f"{self.python} -c {shlex.quote(RELEASE_AGENT)} {argv}"
+        command = f"{shlex.quote(self.python)} -c {shlex.quote(RELEASE_AGENT)} {argv}"
         return self._answer(self.transport.run(command, stdin=stdin), f"deploy {verb}")
-
-    def is_deployed(self) -> bool:
-        return self.transport.run(f"[ -d {shlex.quote(self.root + '/current')} ]").ok
 
     def _answer(self, result: Result, what: str) -> Any:
         try:

@@ -6,6 +6,7 @@ never as a traceback.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -16,6 +17,14 @@ from local.errors import AerieError
 
 REPO = Path(__file__).resolve().parent.parent
 INVENTORIES = REPO / "inventories"
+
+
+#: A dataset name becomes a directory on the host and a word in its commands: a safe identifier only.
+DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+DATASET_NAME_RULE = "letters, digits, '_', '.' and '-', starting with a letter or digit, at most 64"
+RESERVED_NAMES = ("pipeline", "draft")  # the pseudo datasets of `inv run` (its runner, the one training job)
+#: An environment variable's name, as a shell takes it in `NAME=value command`.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Strict(BaseModel):
@@ -36,6 +45,13 @@ class Host(Strict):
     connect_timeout: float = 10.0
     keepalive: int = 15
     env: dict[str, str] = Field(default_factory=dict, description="set for aerie's commands there, e.g. SLURM_CONF")
+
+    @model_validator(mode="after")
+    def _env_names(self) -> "Host":
+        for key in self.env:
+            if not ENV_NAME.fullmatch(key):
+                raise ValueError(f"env key {key!r} is not an environment variable name (letters, digits, '_'; not first a digit)")
+        return self
 
 
 class Dataset(Strict):
@@ -161,6 +177,10 @@ class Inventory(Strict):
         for name, host in ({"host": self.host} if self.host else self.hosts).items():
             if self.backend == "ssh" and not host.address:
                 raise ValueError(f"{name if name == 'host' else 'hosts.' + name}.address is required when backend is ssh")
+        for name in self.datasets:
+            if not DATASET_NAME.fullmatch(name) or name in RESERVED_NAMES:
+                raise ValueError(f"datasets: {name!r} is not a dataset name: use {DATASET_NAME_RULE} characters"
+                                 f"{', and not ' + ' or '.join(RESERVED_NAMES) if name in RESERVED_NAMES else ''}")
         for name, dataset in self.datasets.items():
             if dataset.host is not None and dataset.host not in self.hosts:
                 raise ValueError(f"datasets.{name}.host {dataset.host!r} is not one of hosts: {', '.join(self.hosts) or '(none)'}")

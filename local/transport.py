@@ -10,7 +10,6 @@ import ipaddress
 import os
 import socket
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -198,6 +197,3 @@ def open_transport(host: Host) -> Transport:
     """SSH to a host with an address; this machine for one without (backend local, a local Slurm login node)."""
     return SshTransport(host) if host.address else LocalTransport()
 
-
-def stdout_stream() -> BinaryIO:
-    return sys.stdout.buffer

@@ -85,10 +85,6 @@ class Progress:
         """Say "still working" during a long step that counts nothing, so the job is not `stalled`."""
         self._maybe_flush()
 
-    @property
-    def skipped_total(self) -> int:
-        return sum(self.skip_reasons.values())
-
     def snapshot(self) -> dict[str, Any]:
         return {
             "records": self.records,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import re
 import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from remote.progress import write_json_atomic
 from remote.states import JobState
 
 STATE, SPEC, PROGRESS, LOG, LOCK = "state.json", "spec.json", "progress.json", "log", "launch.lock"
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 #: Fields of state.json and progress.json that must be numbers when present.
 TIMES = ("started_at", "ended_at", "heartbeat_at", "submitted_at", "stall_after", "updated_at")
 
@@ -58,6 +60,9 @@ class JobStore:
         self.root = Path(root)
 
     def directory(self, dataset: str, stage: str) -> Path:
+        for name in (dataset, stage):  # the workstation checks names first; a job never leaves its root
+            if not SAFE_NAME.fullmatch(str(name)):
+                raise HostError(f"{name!r} is not a job name: letters, digits, '_', '.' and '-', starting with a letter or digit")
         return self.root / "jobs" / dataset / stage
 
     def directories(self) -> list[Path]:

@@ -41,6 +41,14 @@ def test_the_shipped_inventories_load() -> None:
          "stages.prep.max_lenght: unknown key (expected one of: command, stall_after, max_length"),
         ("backend: local\nhost: [root\n", "not valid YAML"),
         ("- a\n", "expected a mapping of keys"),
+        ("backend: local\nhost: {root: r}\ndatasets: {'../../etc': {source: s, kind: native}}\n",
+         "datasets: '../../etc' is not a dataset name: use letters, digits, '_', '.' and '-', starting with a letter"),
+        ("backend: local\nhost: {root: r}\ndatasets: {'a/b': {source: s, kind: native}}\n", "'a/b' is not a dataset name"),
+        ("backend: local\nhost: {root: r}\ndatasets: {pipeline: {source: s, kind: native}}\n",
+         "'pipeline' is not a dataset name: use letters, digits, '_', '.' and '-', starting with a letter or digit, "
+         "at most 64 characters, and not pipeline or draft"),
+        ("backend: local\nhost: {root: r, env: {'X; touch pwned': '1'}}\n",
+         "env key 'X; touch pwned' is not an environment variable name"),
     ],
 )
 def test_a_bad_inventory_names_the_key_and_what_was_expected(tmp_path: Path, text: str, expected: str) -> None:
@@ -78,3 +86,26 @@ def test_invoke_config_chooses_the_default_inventory(tmp_path: Path) -> None:
     env = {**__import__("os").environ, "INVOKE_INVENTORY": path}
     done = subprocess.run([sys.executable, "-m", "invoke", "status"], cwd=REPO, capture_output=True, text=True, env=env)
     assert done.returncode == 2 and path in done.stderr
+
+
+def test_every_value_in_the_host_command_is_quoted(tmp_path: Path) -> None:
+    """Values reach the host's shell quoted: a hostile one stays one word (the inventory refuses bad env names)."""
+    import shlex
+
+    from local.host import RemoteHost
+
+    inventory = load(write(tmp_path, "backend: local\nhost: {root: '/r o;ot', python: 'py thon', env: {K: 'v; touch x'}}\n"))
+    command = RemoteHost(inventory).command("status", {"datasets": ["a'b"]})
+    words = shlex.split(command.split("&& ", 1)[1])
+    assert words[:2] == ["K=v; touch x", "PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}"]
+    assert words[3:6] == ["py thon", "-m", "remote"] and "a'b" in words[-1]
+    inventory.host.env["X;touch y"] = "1"  # past validation (a model built in code): refused all the same
+    with pytest.raises(AerieError, match="host.env key 'X;touch y' is not an environment variable name"):
+        RemoteHost(inventory).command("status", {})
+
+
+def test_the_host_refuses_a_job_name_that_would_leave_its_root(tmp_path: Path) -> None:
+    from remote.store import HostError, JobStore
+
+    with pytest.raises(HostError, match="'../../etc' is not a job name"):
+        JobStore(tmp_path).directory("../../etc", "prep")
