@@ -212,12 +212,17 @@ def trust(inventory: Inventory, console: Console, expect: str | None, yes: bool)
     if trusting.is_known(transport.known_hosts, name, key):
         console.print(f"Already trusted in {transport.known_hosts}.")
         return
+    old = trusting.changed(transport.known_hosts, name, key)
+    if old is not None:
+        console.print(f"[bold red]{name}'s key CHANGED[/]: {transport.known_hosts} holds {old.fingerprint}. "
+                      "Trust the new one only if the host was rebuilt.")
     if expect and expect != key.fingerprint:
         raise AerieError(f"{name}: fingerprint is {key.fingerprint}, not the expected {expect}: not trusted")
-    if not (expect or yes or _confirm(console, f"Trust this key for {name}? Compare it with the host's own `ssh-keygen -lf`.")):
+    question = "Replace the old key with this one?" if old is not None else f"Trust this key for {name}?"
+    if not (expect or yes or _confirm(console, f"{question} Compare it with the host's own `ssh-keygen -lf`.")):
         raise AerieError(f"{name}: not trusted; nothing was written")
-    trusting.add(transport.known_hosts, name, key)
-    console.print(f"Added {name} to {transport.known_hosts}.")
+    replaced = trusting.add(transport.known_hosts, name, key)
+    console.print(f"{'Replaced the changed key of' if replaced else 'Added'} {name} in {transport.known_hosts}.")
 
 
 def _confirm(console: Console, question: str) -> bool:

@@ -126,7 +126,11 @@ class SshTransport:
                 hop.client.load_host_keys(str(self.known_hosts))
             hop = hop.gateway if isinstance(hop.gateway, Connection) else None
         try:
+            if connection.gateway is None:  # a direct connection: see that SSH answers before paramiko waits on it
+                connection.connect_kwargs["sock"] = ssh_socket(connection.host, connection.port, self.host.connect_timeout)
             connection.open()
+        except AerieError:
+            raise
         except Exception as exc:  # paramiko and socket errors become one line
             raise AerieError(self._explain(connection, exc)) from None
         connection.transport.set_keepalive(self.host.keepalive)
@@ -172,6 +176,38 @@ class SshTransport:
     def close(self) -> None:
         if self._connection is not None:
             self._connection.close()
+
+
+def ssh_socket(address: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection on which an SSH server has begun to speak; else one line saying why not.
+
+    An SSH server sends its banner first, so waiting for its first byte tells a silent port
+    (a firewall's tarpit, a service that is not sshd) from a slow handshake, in the user's
+    own time limit, where paramiko would answer "No existing session" or a traceback.
+    """
+    _refuse_non_loopback(address)
+    where = f"{address}:{port}"
+    try:
+        sock = socket.create_connection((address, port), timeout=timeout)
+    except (socket.timeout, TimeoutError):
+        raise AerieError(f"{where}: no answer within {timeout:g}s: check host.address, host.port and the network") from None
+    except ConnectionRefusedError:
+        raise AerieError(f"{where}: connection refused: is sshd running there and is host.port right?") from None
+    except OSError as exc:
+        raise AerieError(f"{where}: cannot connect: {exc.strerror or exc}") from None
+    try:
+        first = sock.recv(1, socket.MSG_PEEK)
+    except (socket.timeout, TimeoutError):
+        sock.close()
+        raise AerieError(f"{where}: no SSH answer within {timeout:g}s: the port accepts connections "
+                         "but nothing there speaks SSH (check host.port)") from None
+    except OSError as exc:
+        sock.close()
+        raise AerieError(f"{where}: the connection was closed before SSH answered: {exc.strerror or exc}") from None
+    if not first:
+        sock.close()
+        raise AerieError(f"{where}: the connection was closed before SSH answered (check host.port)")
+    return sock
 
 
 def _drain(channel: paramiko.Channel, stream: BinaryIO | None) -> bytes:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import paramiko
 
 from local.errors import AerieError
-from local.transport import SshTransport
+from local.transport import SshTransport, ssh_socket
 
 
 def known_hosts_name(address: str, port: int) -> str:
@@ -21,10 +20,7 @@ def scan(transport: SshTransport) -> tuple[str, paramiko.PKey]:
     """The host's key, read from the SSH handshake; nothing is authenticated or trusted."""
     connection = transport.connection_unopened()
     address, port = connection.host, connection.port
-    try:
-        sock = socket.create_connection((address, port), timeout=transport.host.connect_timeout)
-    except OSError as exc:
-        raise AerieError(f"{address}:{port}: cannot connect to read its host key: {exc}")
+    sock = ssh_socket(address, port, transport.host.connect_timeout)
     session = paramiko.Transport(sock)
     try:
         session.start_client(timeout=transport.host.connect_timeout)
@@ -35,16 +31,54 @@ def scan(transport: SshTransport) -> tuple[str, paramiko.PKey]:
         session.close()
 
 
-def add(known_hosts: Path, name: str, key: paramiko.PKey) -> None:
-    """Append one line, through a temporary file and a rename."""
+def add(known_hosts: Path, name: str, key: paramiko.PKey) -> int:
+    """Write `name`'s key, through a temporary file and a rename; the number of lines it replaced.
+
+    A line for `name` with a key of the same type is a changed key: it is replaced, not left
+    first in the file (where it would win over an appended line for ever). Other lines stay.
+    """
     known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    existing = known_hosts.read_text() if known_hosts.exists() else ""
-    if existing and not existing.endswith("\n"):
-        existing += "\n"
-    temporary = known_hosts.with_name(f".{known_hosts.name}.aerie.tmp")
-    temporary.write_text(f"{existing}{name} {key.get_name()} {key.get_base64()}\n")
+    lines = known_hosts.read_text().splitlines() if known_hosts.exists() else []
+    kept, replaced = [], 0
+    for line in lines:
+        entry = _entry(line)
+        if entry is None or entry.key.get_name() != key.get_name() or not any(_names(h, name) for h in entry.hostnames):
+            kept.append(line)
+            continue
+        replaced += 1
+        others = [h for h in entry.hostnames if not _names(h, name)]
+        if others:  # a line for several names keeps the others
+            kept.append(" ".join([",".join(others), *line.split()[1:]]))
+    kept.append(f"{name} {key.get_name()} {key.get_base64()}")
+    temporary = known_hosts.with_name(f".{known_hosts.name}.aerie.{os.getpid()}.tmp")
+    temporary.write_text("\n".join(kept) + "\n")
     os.chmod(temporary, 0o600)
     os.replace(temporary, known_hosts)
+    return replaced
+
+
+def changed(known_hosts: Path, name: str, key: paramiko.PKey) -> paramiko.PKey | None:
+    """The other key of the same type that known_hosts holds for `name` (the host key changed), if any."""
+    if not known_hosts.exists():
+        return None
+    old = (paramiko.HostKeys(str(known_hosts)).lookup(name) or {}).get(key.get_name())
+    return old if old is not None and old != key else None
+
+
+def _entry(line: str) -> paramiko.hostkeys.HostKeyEntry | None:
+    if not line.strip() or line.lstrip().startswith(("#", "@")):
+        return None
+    try:
+        return paramiko.hostkeys.HostKeyEntry.from_line(line)
+    except (paramiko.SSHException, ValueError, IndexError):
+        return None
+
+
+def _names(pattern: str, name: str) -> bool:
+    """Whether a known_hosts host field names `name`, hashed (|1|salt|hash) or not."""
+    if pattern.startswith("|1|"):
+        return paramiko.HostKeys.hash_host(name, pattern) == pattern
+    return pattern == name
 
 
 def is_known(known_hosts: Path, name: str, key: paramiko.PKey) -> bool:

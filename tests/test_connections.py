@@ -61,6 +61,34 @@ def test_a_changed_host_key_is_refused_and_named(bench: Bench, ssh_server_factor
     assert refused.returncode == 2
     assert "host key CHANGED" in refused.stderr and impostor.host_key_fingerprint in refused.stderr
 
+    # Trusting the new key (the host was rebuilt) replaces the old line: an appended one would never win.
+    trusted = bench.inv("trust", "--fingerprint", impostor.host_key_fingerprint)
+    assert "CHANGED" in trusted.stdout and "Replaced the changed key" in trusted.stdout
+    lines = known_hosts.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].split()[:3] == [f"[127.0.0.1]:{impostor.port}", *impostor.host_public_key.split()[:2]]
+    assert bench.inv("status").returncode == 0
+
+
+def test_a_port_that_never_speaks_ssh_fails_in_the_time_limit_with_one_line(bench: Bench) -> None:
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts (the kernel does) and never says a word
+    try:
+        bench.scripted({"A": "records=1"})
+        inventory = bench.checkout / "inventories" / "test.yaml"
+        assert bench.sshd is not None
+        port = silent.getsockname()[1]
+        inventory.write_text(inventory.read_text().replace(f"port: {bench.sshd.port}", f"port: {port}"))
+        for task in ("status", "trust"):
+            done = bench.inv(task, check=False)
+            assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+            assert done.stderr.strip().splitlines() == [f"aerie: 127.0.0.1:{port}: no SSH answer within 5s: the port "
+                                                        "accepts connections but nothing there speaks SSH (check host.port)"]
+    finally:
+        silent.close()
+
 
 def test_a_closed_port_fails_at_once_with_a_clear_message(bench: Bench, free_port: int) -> None:
     bench.scripted({"A": "records=1"})
