@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+from local.inventory import Prep
 from remote.prep.pipeline import Preparer, run_prep
 from remote.prep.settings import PrepSettings, Target
 from remote.tiny_tokenizer import build_tokenizer
@@ -28,6 +29,11 @@ WORDS = (
     "the model reads a file then runs the tests and fixes the parser because the output was wrong "
     "we compute the sum of the values and return a list of results for each user in the table"
 ).split()
+
+
+def _settings(**values: Any) -> PrepSettings:
+    """Prep's settings as the workstation sends them: the inventory's defaults, then these."""
+    return PrepSettings.from_config({**Prep().model_dump(exclude={"command", "stall_after"}), **values})
 
 
 def conversations(records: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -52,7 +58,7 @@ def run(records: int = 3000, num_proc: int = 1) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         target = Target(str(build_tokenizer(Path(tmp) / "tokenizer")))
         rows = conversations(records)
-        settings = PrepSettings(max_length=1 << 20)
+        settings = _settings(max_length=1 << 20)
         preparer = Preparer("native", "bench", target, settings)
         texts = [preparer.template.render(conversation) for conversation in _normalised(rows)]
 
@@ -66,7 +72,7 @@ def run(records: int = 3000, num_proc: int = 1) -> dict[str, Any]:
             "backend_only": lambda: [backend.encode_batch(texts[i : i + batch]) for i in range(0, len(texts), batch)],
         }
         for n in procs:
-            work[f"prep_num_proc_{n}"] = partial(_prep, rows, target, PrepSettings(max_length=1 << 20, num_proc=n))
+            work[f"prep_num_proc_{n}"] = partial(_prep, rows, target, _settings(max_length=1 << 20, num_proc=n))
         seconds, results = _best_interleaved(work)
         tokens = sum(len(ids) for ids in preparer.tokenizer(texts)["input_ids"])
 

@@ -78,6 +78,7 @@ class Prep(Stage):
     min_kept_ratio: float = Field(0.0, ge=0, le=1)
     num_proc: int = Field(1, ge=1)
     shard_size: int = Field(10_000, ge=1)
+    batch_size: int = Field(256, ge=1, description="rows handed to one tokenizer call (and one worker task)")
 
 
 class Infer(Stage):

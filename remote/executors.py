@@ -86,7 +86,7 @@ class ProcessExecutor:
             "dataset": spec["dataset"], "stage": spec["stage"], "executor": self.name,
             "state": JobState.RUNNING.value, "pid": process.pid, "pgid": process.pid,
             "pid_start": processes.process_start(process.pid), "release": release.name,
-            "started_at": time.time(), "stall_after": spec.get("stall_after", 600),
+            "started_at": time.time(), "stall_after": spec["stall_after"],
         })
         return {"pid": process.pid, "where": f"pid {process.pid}"}
 
@@ -108,7 +108,7 @@ class ProcessExecutor:
                 message += "; its stage still runs (`inv stop` or `inv rerun --failed` ends it)"
             return Reading(JobState.DIED, message)
         quiet = now - last_sign(state, progress)
-        if quiet > state.get("stall_after", 600):
+        if quiet > state["stall_after"]:
             return Reading(JobState.STALLED, f"no progress for {quiet:.0f}s")
         return Reading(JobState.RUNNING, message)
 

@@ -49,7 +49,7 @@ def submit(directory: Path, spec: dict[str, Any], release: Path, after: list[str
     state = {
         "dataset": spec["dataset"], "stage": spec["stage"], "state": JobState.WAITING.value,
         "slurm_job_id": job_id, "release": release.name, "submitted_at": time.time(),
-        "stall_after": spec.get("stall_after", 600), "waiting_for": spec.get("after") or None, "executor": "slurm",
+        "stall_after": spec["stall_after"], "waiting_for": spec.get("after") or None, "executor": "slurm",
     }
     write_json_atomic(directory / "state.json", state)
     return state
@@ -79,7 +79,7 @@ def effective(state: dict[str, Any], progress: dict[str, Any], now: float, job: 
     if seen == JobState.RUNNING:
         last_sign = max(progress.get("updated_at", 0), state.get("started_at", 0))
         where = f"on {job.node}" if job.node else ""
-        if state.get("started_at") and now - last_sign > state.get("stall_after", 600):
+        if state.get("started_at") and now - last_sign > state["stall_after"]:
             return JobState.STALLED, f"no progress for {now - last_sign:.0f}s {where}".strip()
         return JobState.RUNNING, where
     if seen.is_terminal():

@@ -15,6 +15,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from tests.settings import complete
+
 REPO = Path(__file__).resolve().parent.parent
 
 def free_port() -> int:
@@ -119,7 +121,7 @@ def stage_env(data: Path, settings: dict[str, Any], progress: Path | None = None
         "AERIE_KIND": "prompts",
         "AERIE_OUTPUT": str(output),
         "AERIE_DATA": str(data),
-        "AERIE_CONFIG": json.dumps({"dataset": {}, "stage": settings, "inventory": {}}),
+        "AERIE_CONFIG": json.dumps({"dataset": {}, "stage": complete("infer", settings), "inventory": {}}),
     }
     if progress is not None:
         env["AERIE_PROGRESS"] = str(progress)

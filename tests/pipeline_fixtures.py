@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests.settings import complete
+
 REPO = Path(__file__).resolve().parent.parent
 #: The tiny target's layers: 4 decoder layers, so valid aux ids are 0..2.
 TINY_LAYERS = [0, 1, 2]
@@ -92,7 +94,7 @@ def stage_env(root: Path, stage: str, stage_config: dict[str, Any], shared: dict
             "AERIE_OUTPUT": str(output),
             "AERIE_DATA": str(data),
             "AERIE_PROGRESS": str(root / f"{dataset}-{stage}.progress.json"),
-            "AERIE_CONFIG": json.dumps({"dataset": {}, "stage": stage_config, "inventory": shared}),
+            "AERIE_CONFIG": json.dumps({"dataset": {}, "stage": complete(stage, stage_config), "inventory": shared}),
             "PYTHONPATH": str(REPO),
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from remote.prep.pipeline import Prepared, Preparer
-from remote.prep.settings import PrepSettings, Target
+from remote.prep.settings import Target
 from remote.tiny_tokenizer import build_tokenizer
+from tests.settings import prep_settings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "prep"
 REPO = Path(__file__).resolve().parent.parent
@@ -37,7 +38,7 @@ def read_rows(name: str) -> list[Any]:
 
 def prepare(tokenizer: Any, rows: list[Any], kind: str = "native", **settings: Any) -> Prepared:
     """One batch through prep, in this process."""
-    preparer = Preparer(kind, "T", Target(), PrepSettings(**settings), tokenizer)
+    preparer = Preparer(kind, "T", Target(), prep_settings(**settings), tokenizer)
     return preparer.process(list(enumerate(rows)))
 
 

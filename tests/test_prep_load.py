@@ -9,7 +9,8 @@ import pytest
 from remote.prep.errors import PrepError
 from remote.prep.load import Malformed, Source, iter_rows
 from remote.prep.pipeline import run_prep
-from remote.prep.settings import PrepSettings, Target
+from remote.prep.settings import Target
+from tests.settings import prep_settings
 from tests.prep_fixtures import FIXTURES, read_rows, tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401
 
 
@@ -66,7 +67,7 @@ def test_an_uncached_hub_id_offline_is_a_clear_error(monkeypatch):
 
 
 def test_mixed_formats_in_one_file_are_each_detected_and_every_row_is_accounted_for(tiny_tokenizer):
-    settings = PrepSettings()
+    settings = prep_settings()
     rows = iter_rows(Source(str(FIXTURES / "mixed.jsonl")))
     summary = run_prep(rows, ("native", "T", Target(), settings, tiny_tokenizer), settings)
     assert summary.rows == 11
@@ -89,7 +90,7 @@ def test_parquet_rows_of_two_families_unified_by_arrow_go_through_prep(tmp_path,
     table = pa.Table.from_pylist([tools_row, read_rows("sharegpt.jsonl")[0]])
     assert table.column("tools").to_pylist()[1] is None
     pq.write_table(table, tmp_path / "mixed.parquet")
-    settings = PrepSettings()
+    settings = prep_settings()
     rows = iter_rows(Source(str(tmp_path / "mixed.parquet")))
     summary = run_prep(rows, ("native", "T", Target(), settings, tiny_tokenizer), settings)
     assert (summary.rows, summary.kept) == (2, 2), summary.skip_reasons

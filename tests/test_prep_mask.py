@@ -113,9 +113,10 @@ def test_truncation_that_leaves_no_assistant_token_skips_the_record(tiny_tokeniz
 def test_a_template_error_skips_the_row_with_the_templates_message(tiny_tokenizer):
     # The normaliser only produces known roles, so make the template itself refuse one.
     from remote.prep.pipeline import Preparer
-    from remote.prep.settings import PrepSettings, Target
+    from remote.prep.settings import Target
+    from tests.settings import prep_settings
 
-    preparer = Preparer("native", "T", Target(), PrepSettings(), tiny_tokenizer)
+    preparer = Preparer("native", "T", Target(), prep_settings(), tiny_tokenizer)
     with pytest.raises(Exception) as caught:
         preparer.template.render([{"role": "critic", "content": "x"}])
     assert getattr(caught.value, "reason", "") == "chat template error: unknown role critic"

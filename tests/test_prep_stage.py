@@ -16,6 +16,7 @@ import pytest
 from remote.prep.errors import PrepError
 from remote.stages import StageContext
 from remote.stages.prep import run
+from tests.settings import complete
 from tests.prep_fixtures import FIXTURES, REPO, tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401
 
 NATIVE_PARTS = ["sharegpt.jsonl", "openai_tools.jsonl", "agent_trajectory.jsonl", "mixed.jsonl"]
@@ -52,7 +53,7 @@ def _env(tmp_path: Path, kind: str, config: dict[str, Any]) -> dict[str, str]:
 def _config(stage: dict[str, Any] | None = None, tokenizer: str | None = "tokenizer", **dataset: Any) -> dict[str, Any]:
     return {
         "dataset": {"source": "data/input.jsonl", **dataset},
-        "stage": {"max_length": 4096, **(stage or {})},
+        "stage": complete("prep", {"max_length": 4096, **(stage or {})}),
         "inventory": {"target": {"tokenizer": tokenizer, "trust_remote_code": False}},
     }
 

@@ -10,13 +10,14 @@ import sys
 from remote.prep.validate import validate
 from remote.tiny_tokenizer import build_tokenizer
 from remote.wire import decode
+from tests.settings import complete
 from tests.prep_fixtures import REPO, tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401
 
 SAMPLES = REPO / "inventories" / "samples"
 
 
 def _request(tokenizer_dir, **datasets) -> dict:
-    return {"target": {"tokenizer": str(tokenizer_dir), "trust_remote_code": False}, "stage": {"max_length": 4096}, "datasets": datasets}
+    return {"target": {"tokenizer": str(tokenizer_dir), "trust_remote_code": False}, "stage": complete("prep"), "datasets": datasets}
 
 
 def test_validate_cli_reports_every_sample_and_a_missing_one_as_an_error(tiny_tokenizer_dir):
@@ -69,7 +70,7 @@ def test_without_the_tokenizer_rows_are_still_normalised_and_counted_but_not_tok
 
 
 def test_prompts_validate_without_a_tokenizer():
-    request = {"target": {}, "stage": {}, "datasets": {"P1": {"kind": "prompts", "sample": str(SAMPLES / "prompts_problem.jsonl")}}}
+    request = {"target": {}, "stage": complete("prep"), "datasets": {"P1": {"kind": "prompts", "sample": str(SAMPLES / "prompts_problem.jsonl")}}}
     [entry] = validate(request)
     assert (entry["kept"], entry["error"], entry["mean_tokens"]) == (2, None, None)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from remote.eagle3 import StageInputError
+from remote.settings import need
 
 SCRIPT = Path("scripts") / "train_eagle3.py"
 
@@ -58,9 +59,9 @@ def settings(stage: dict[str, Any], env: dict[str, str] | None = None) -> dict[s
         raise StageInputError("engine specforge needs stages.train.draft_config (e.g. SpecForge's configs/kimi-k25-eagle3.json)")
     return {
         "specforge_dir": Path(where).expanduser(),
-        "chat_template": stage.get("chat_template", "kimi_k2"),
-        "nproc": int(stage.get("nproc", 1)),
-        "max_length": int(stage.get("max_length", 4096)),
+        "chat_template": need(stage, "train", "chat_template", StageInputError),
+        "nproc": int(need(stage, "train", "nproc", StageInputError)),
+        "max_length": int(need(stage, "train", "max_length", StageInputError)),
     }
 
 

@@ -7,8 +7,10 @@ hand must fail with a line naming the key, not a traceback.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+from remote.settings import missing
 
 
 class SettingsError(ValueError):
@@ -20,30 +22,32 @@ class InferSettings:
     """How to reach the server and what to ask it (``stages.infer`` in the inventory)."""
 
     #: The server's OpenAI-compatible base, e.g. ``http://127.0.0.1:30000/v1``.
-    server_url: str = "http://127.0.0.1:30000/v1"
+    server_url: str
     #: The ``model`` field of each request (SGLang accepts ``default``; a
     #: pinned ``transformers serve`` wants the path it serves).
-    model: str = "default"
+    model: str
     #: Requests in flight at once.
-    concurrency: int = 8
+    concurrency: int
     #: Seconds one request may take before it counts as a timeout.
-    timeout: float = 600.0
+    timeout: float
     #: Extra attempts after a connection error, timeout, 5xx or 429.
-    retries: int = 3
+    retries: int
     #: First backoff delay in seconds; doubled per attempt, with full jitter.
-    backoff: float = 1.0
-    max_tokens: int = 2048
-    temperature: float = 0.7
-    top_p: float = 1.0
+    backoff: float
+    max_tokens: int
+    temperature: float
+    top_p: float
     #: Passed through to the server's chat template (Kimi-K2.5: ``{"thinking": false}``).
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any]
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "InferSettings":
         """Settings from the stage config; unknown keys (``command``, ``stall_after``) are the supervisor's."""
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in config.items() if k in known and v is not None}
-        settings = cls(**values)
+        known = [f.name for f in fields(cls)]
+        absent = missing(config, "infer", known)  # every default is the inventory's (remote/settings.py)
+        if absent:
+            raise SettingsError(absent)
+        settings = cls(**{k: config[k] for k in known})
         settings.check()
         return settings
 

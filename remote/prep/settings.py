@@ -11,30 +11,34 @@ from pathlib import Path
 from typing import Any
 
 from remote.prep.errors import PrepError
+from remote.settings import missing
 
 OVERLONG = ("truncate", "drop")
 
 
 @dataclass(frozen=True)
 class PrepSettings:
-    """``stages.prep`` of the inventory (see `local.inventory.Prep`)."""
+    """``stages.prep`` of the inventory, declared (with defaults and docs) in `local.inventory.Prep` alone:
+    the workstation sends every field (see remote/settings.py)."""
 
-    max_length: int = 4096
+    max_length: int
     #: What to do with a record longer than `max_length`: ``truncate`` or ``drop``.
-    overlong: str = "truncate"
+    overlong: str
     #: Kept records / rows read below this fails the stage.
-    min_kept_ratio: float = 0.0
-    num_proc: int = 1
+    min_kept_ratio: float
+    num_proc: int
     #: Records per Parquet shard.
-    shard_size: int = 10_000
+    shard_size: int
     #: Rows handed to one tokenizer call (and one worker task).
-    batch_size: int = 256
+    batch_size: int
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "PrepSettings":
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in config.items() if k in known}
-        settings = cls(**values)
+        known = [f.name for f in fields(cls)]
+        absent = missing(config, "prep", known)
+        if absent:
+            raise PrepError(absent)
+        settings = cls(**{k: config[k] for k in known})
         for name in ("max_length", "num_proc", "shard_size", "batch_size"):
             value = getattr(settings, name)
             if not isinstance(value, int) or value < 1:

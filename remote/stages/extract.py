@@ -34,10 +34,9 @@ from remote.eagle3.prep_input import read_manifest, read_records
 from remote.eagle3.shards import ShardStore
 from remote.eagle3.target import TargetShape, best_device, read_shape, target_settings
 from remote.progress import Progress, write_json_atomic
+from remote.settings import need
 from remote import stages
 from remote.stages import StageContext
-
-DEFAULT_LAYERS = [2, 30, 58]
 
 
 @dataclass(frozen=True)
@@ -57,8 +56,8 @@ class ExtractPlan:
 def plan(ctx: StageContext) -> ExtractPlan:
     """Check the settings, the upstream prep output and the widths; no weights are read."""
     settings = ctx.stage_config
-    layers = _layers(settings.get("layers", DEFAULT_LAYERS))
-    dtype = settings.get("dtype", "bfloat16")
+    layers = _layers(need(settings, "extract", "layers", StageInputError))
+    dtype = need(settings, "extract", "dtype", StageInputError)
     if dtype not in DTYPES:
         raise StageInputError(f"stages.extract.dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     prep = read_manifest(ctx.inputs("prep")[0])
@@ -72,8 +71,8 @@ def plan(ctx: StageContext) -> ExtractPlan:
     return ExtractPlan(
         layers=layers,
         dtype=dtype,
-        batch_size=int(settings.get("batch_size", 1)),
-        shard_size=int(settings.get("shard_size", 1000)),
+        batch_size=int(need(settings, "extract", "batch_size", StageInputError)),
+        shard_size=int(need(settings, "extract", "shard_size", StageInputError)),
         shape=shape,
         trust_remote_code=trust,
         width=width,

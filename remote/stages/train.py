@@ -9,7 +9,7 @@ Settings (``stages.train``):
 - ``epochs``, ``learning_rate``, ``batch_size``, ``ttt_steps``: the training.
 - ``draft_config``: a draft ``config.json`` to train (e.g. SpecForge's
   ``kimi-k25-eagle3.json``); without one the draft is shaped after the target.
-- ``max_length`` (default 2048): tokens per record used in training.
+- ``max_length``: tokens per record used in training.
 
 From the shared settings: ``target.model``
 (the embeddings and the lm_head are read from its safetensors files).
@@ -33,6 +33,7 @@ from remote.eagle3 import specforge
 from remote.eagle3.shards import ShardStore, load_sample
 from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
 from remote.progress import Progress, write_json_atomic
+from remote.settings import need
 from remote import stages
 from remote.stages import StageContext
 
@@ -62,7 +63,7 @@ def draft_for(ctx: StageContext, extracted: dict[str, Any], vocab_size: int, tar
     """The draft's config, checked against the width the extraction wrote."""
     settings = ctx.stage_config
     layers = list(extracted["layers"])
-    draft_vocab = min(int(settings.get("draft_vocab_size", 32000)), vocab_size)
+    draft_vocab = min(int(need(settings, "train", "draft_vocab_size", StageInputError)), vocab_size)
     path = drafts.draft_config_path(settings, ctx.shared_config)
     if path is None:
         config = drafts.build(target_config, layers, draft_vocab)
@@ -82,7 +83,7 @@ def draft_for(ctx: StageContext, extracted: dict[str, Any], vocab_size: int, tar
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     settings = ctx.stage_config
-    engine = settings.get("engine", "aerie")
+    engine = need(settings, "train", "engine", StageInputError)
     if engine not in ENGINES:
         raise StageInputError(f"stages.train.engine {engine!r}: expected one of {', '.join(ENGINES)}")
     extract_dirs = ctx.inputs("extract")
@@ -125,7 +126,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 
     out_dir = ctx.output / "draft"
     history: list[dict[str, Any]] = []
-    epochs = int(settings.get("epochs", 1))
+    epochs = int(need(settings, "train", "epochs", StageInputError))
 
     def on_step(step: int, loss: float, accuracies: list[float], records: int) -> None:
         values = {f"acc_{k}": round(a, 4) for k, a in enumerate(accuracies)}
@@ -145,10 +146,10 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         files,
         load_sample,
         epochs=epochs,
-        batch_size=int(settings.get("batch_size", 1)),
-        learning_rate=float(settings.get("learning_rate", 1e-4)),
-        steps=int(settings.get("ttt_steps", 7)),
-        max_length=int(settings.get("max_length", 2048)),
+        batch_size=int(need(settings, "train", "batch_size", StageInputError)),
+        learning_rate=float(need(settings, "train", "learning_rate", StageInputError)),
+        steps=int(need(settings, "train", "ttt_steps", StageInputError)),
+        max_length=int(need(settings, "train", "max_length", StageInputError)),
         on_step=on_step,
         on_epoch=on_epoch,
     )
@@ -184,12 +185,12 @@ def run_specforge(ctx: StageContext, extracted: dict[str, Any], progress: Progre
         train_data=_conversations(ctx),
         hidden_states=ctx.inputs("extract")[0],
         output=ctx.output,
-        epochs=int(settings.get("epochs", 1)),
-        batch_size=int(settings.get("batch_size", 1)),
-        learning_rate=float(settings.get("learning_rate", 1e-4)),
+        epochs=int(need(settings, "train", "epochs", StageInputError)),
+        batch_size=int(need(settings, "train", "batch_size", StageInputError)),
+        learning_rate=float(need(settings, "train", "learning_rate", StageInputError)),
         max_length=extra["max_length"],
         chat_template=extra["chat_template"],
-        ttt_steps=int(settings.get("ttt_steps", 7)),
+        ttt_steps=int(need(settings, "train", "ttt_steps", StageInputError)),
         nproc=extra["nproc"],
     )
     specforge.check_installed(job)

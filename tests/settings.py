@@ -1,0 +1,19 @@
+"""Stage settings as the workstation sends them: every default from the inventory's schema, then the test's own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from local.inventory import Stages
+
+
+def complete(stage: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`settings` over the schema's defaults for `stage` (tokenize is prep), as `local.jobs.spec` sends them."""
+    model = Stages.model_fields["prep" if stage == "tokenize" else stage].annotation
+    return {**model().model_dump(exclude={"command", "stall_after"}), **(settings or {})}
+
+
+def prep_settings(**settings: Any) -> Any:
+    from remote.prep.settings import PrepSettings
+
+    return PrepSettings.from_config(complete("prep", settings))
