@@ -23,6 +23,7 @@ from remote import jobs, server
 from remote.progress import Progress, read_json, write_json_atomic
 from remote.stages import StageContext
 from remote.states import JobState
+from remote.store import BrokenJob, read_object
 
 TICK_SECONDS = 0.5
 ACTIVE = (JobState.RUNNING, JobState.STALLED)
@@ -39,7 +40,8 @@ class Runner:
         self.started: set[str] = set()
         if not ctx.stage_config.get("fresh", True):
             self.started = {n["key"] for n in self.plan if self.state_of(n["key"]) == JobState.SUCCEEDED}
-        self.server_record = self.root / "jobs" / "pipeline" / "server.json"
+        record = self.root / "jobs" / "pipeline" / "server.json"
+        self.server = server.ManagedServer(self.server_settings, record.with_name("server.log"), record)
 
     def state_of(self, key: str) -> JobState | None:
         directory = self.root / "jobs" / key
@@ -93,7 +95,11 @@ class Runner:
             "waiting_for": waiting_for, "blocked_by": blocked_by, "message": message, "pid": self.me.get("pid"),
             "pid_start": self.me.get("pid_start"), "stall_after": 10 ** 9,
         }
-        if read_json(directory / "state.json", {}) != state:
+        try:
+            recorded = read_object(directory / "state.json")
+        except BrokenJob:
+            recorded = None  # a broken record: this one replaces it
+        if recorded != state:
             write_json_atomic(directory / "state.json", state)
 
     def start(self, node: dict[str, Any]) -> None:
@@ -113,28 +119,18 @@ class Runner:
             self.stop_server()
 
     def ensure_server(self) -> None:
-        command = self.server_settings.get("command")
-        if not command:
+        if not self.server.is_managed:
             return  # a server managed outside aerie
-        record = read_json(self.server_record, {})
-        if record and server.is_running(record["pid"]) and server.is_healthy(self.server_settings["url"]):
-            return
-        log = self.server_record.with_name("server.log")
         self.progress.note("starting the inference server")
-        command = command.replace("{python}", sys.executable)
-        pid = server.start(command, log, env=self.server_settings.get("env") or {})
-        write_json_atomic(self.server_record, {"pid": pid})
-        print(f"server: started pid {pid}: {command}", flush=True)
-        server.wait_healthy(self.server_settings["url"], self.server_settings.get("start_timeout", 1800), pid, log)
+        started = self.server.ensure(sys.executable)
+        if started is not None:
+            print(f"server: started pid {started}", flush=True)
         self.progress.note("inference server healthy")
 
     def stop_server(self) -> None:
-        record = read_json(self.server_record, {})
-        if record and server.is_running(record["pid"]):
-            print(f"server: stopping pid {record['pid']}", flush=True)
-            server.stop(record["pid"])
-        self.server_record.unlink(missing_ok=True)
-
+        stopped = self.server.stop()
+        if stopped is not None:
+            print(f"server: stopped pid {stopped}", flush=True)
 
 def main() -> int:
     ctx = StageContext.from_env()

@@ -244,3 +244,58 @@ def _last_line(log_path: Path | None) -> str:
     except OSError:
         return f"(no log at {log_path})"
     return lines[-1][:300] if lines else f"(empty log {log_path})"
+
+
+class ManagedServer:
+    """The inference server that aerie starts itself (``stages.infer.server_command``): started, waited
+    on until healthy, and stopped by process group; one class for the pipeline runner and for an infer
+    job that brings its own (on Slurm, inside its allocation).
+
+    `settings` is what the workstation sends (`command`, `url`, `start_timeout`, `env`); with `record`,
+    the server's pid is kept in that file so that a later process (a resumed runner) adopts it.
+    """
+
+    def __init__(self, settings: dict[str, Any] | None, log: Path, record: Path | None = None) -> None:
+        self.settings = settings or {}
+        self.log = log
+        self.record = record
+        self.pid: int | None = None
+
+    @property
+    def is_managed(self) -> bool:
+        """False for a server run outside aerie (no command): it is neither started nor stopped here."""
+        return bool(self.settings.get("command"))
+
+    def ensure(self, python: str) -> int | None:
+        """Start the server unless one of ours is running and healthy; the pid started, if one was."""
+        if not self.is_managed:
+            return None
+        pid = self._recorded()
+        if pid is not None and is_running(pid) and is_healthy(self.settings["url"]):
+            self.pid = pid
+            return None
+        self.pid = start(self.settings["command"].replace("{python}", python), self.log, env=self.settings.get("env") or {})
+        if self.record is not None:
+            self.record.write_text(json.dumps({"pid": self.pid}))
+        wait_healthy(self.settings["url"], self.settings.get("start_timeout", 1800), self.pid, self.log)
+        return self.pid
+
+    def stop(self) -> int | None:
+        """Stop our server if it runs; the pid stopped, if one was."""
+        pid = self.pid or self._recorded()
+        stopped = pid if pid is not None and is_running(pid) else None
+        if stopped is not None:
+            stop(stopped)
+        self.pid = None
+        if self.record is not None:
+            self.record.unlink(missing_ok=True)
+        return stopped
+
+    def _recorded(self) -> int | None:
+        if self.record is None:
+            return None
+        try:
+            pid = json.loads(self.record.read_text()).get("pid")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return pid if isinstance(pid, int) else None

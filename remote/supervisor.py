@@ -108,17 +108,16 @@ def inference_server(settings: dict[str, Any] | None, directory: Path) -> Iterat
     On one host `inv run`'s pipeline runner manages the server instead, and such
     specs carry no `server`.
     """
-    if not settings or not settings.get("command"):
+    managed = server.ManagedServer(settings, directory / "server.log")
+    if not managed.is_managed:
         yield
         return
-    log = directory / "server.log"
-    pid = server.start(settings["command"].replace("{python}", sys.executable), log, env=settings.get("env") or {})
-    print(f"{SUPERVISOR_MARK} inference server pid {pid} starting", flush=True)
     try:
-        server.wait_healthy(settings["url"], settings.get("start_timeout", 1800), pid, log)
+        pid = managed.ensure(sys.executable)
+        print(f"{SUPERVISOR_MARK} inference server pid {pid} healthy", flush=True)
         yield
     finally:
-        server.stop(pid)
+        managed.stop()
 
 
 class Supervisor:
