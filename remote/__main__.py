@@ -38,7 +38,7 @@ def launch(args: dict[str, Any]) -> Any:
     root = Path(args["root"])
     if any("after" in spec for spec in args["specs"]):
         return submit_in_order(root, args["specs"])
-    return each(lambda spec: jobs.launch(root, spec), args["specs"])
+    return jobs.launch_all(root, args["specs"], each=each)
 
 
 def run(args: dict[str, Any]) -> Any:

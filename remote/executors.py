@@ -38,6 +38,8 @@ class Executor(Protocol):
     name: str
     queues: bool
     """Whether jobs wait for the jobs they need in the executor's own queue (else the runner waits)."""
+    detaches: bool
+    """Whether `record_starting` and one detached starter may stand in for `submit` (remote.jobs.launch_all)."""
 
     def submit(self, directory: Path, spec: dict[str, Any], release: Path, after: list[str]) -> dict[str, Any]:
         """Start (or queue) the job; the launch result's fields (`where`, and `pid` or `slurm_job_id`)."""
@@ -72,6 +74,17 @@ class ProcessExecutor:
     name = "process"
     queues = False  # waiting on other jobs is the pipeline runner's (remote.pipeline)
 
+    detaches = True  # many jobs are started by one detached process (processes.Starter)
+
+    def record_starting(self, directory: Path, spec: dict[str, Any], release: Path, starter: processes.Starter) -> dict[str, Any]:
+        """The state of a job handed to the starter: alive while the starter is, until its supervisor runs."""
+        write_json_atomic(directory / "state.json", {
+            "dataset": spec["dataset"], "stage": spec["stage"], "executor": self.name,
+            "state": JobState.RUNNING.value, "starting": {"pid": starter.pid, "pid_start": starter.pid_start},
+            "release": release.name, "started_at": time.time(), "stall_after": spec["stall_after"],
+        })
+        return {"where": f"starting, pid {starter.pid} starts its supervisor"}
+
     def submit(self, directory: Path, spec: dict[str, Any], release: Path, after: list[str]) -> dict[str, Any]:
         python_path = os.pathsep.join(filter(None, [str(release), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"}
@@ -102,6 +115,10 @@ class ProcessExecutor:
             return Reading(recorded, message, blocked_by=state.get("blocked_by"))
         if recorded not in (JobState.RUNNING, JobState.STALLED):
             return Reading(recorded, message)
+        if "pid" not in state and state.get("starting"):
+            if processes.is_alive(state["starting"]):
+                return Reading(JobState.RUNNING, "starting")
+            return Reading(JobState.DIED, f"not started: its starter (pid {state['starting'].get('pid')}) ended first")
         if not processes.is_alive(state):
             message = f"supervisor (pid {state.get('pid')}) is gone without an exit code"
             if processes.group_members(state):
@@ -113,7 +130,9 @@ class ProcessExecutor:
         return Reading(JobState.RUNNING, message)
 
     def is_active(self, state: dict[str, Any], reading: JobState | None) -> bool:
-        return reading != JobState.WAITING and processes.is_alive(state)  # a waiting job's pid is the runner's
+        if reading == JobState.WAITING:
+            return False  # a waiting job's pid is the runner's
+        return processes.is_alive(state) or ("pid" not in state and processes.is_alive(state.get("starting") or {}))
 
     def cancel(self, state: dict[str, Any]) -> bool:
         if state.get("state") == JobState.WAITING.value:
@@ -124,6 +143,8 @@ class ProcessExecutor:
         return None
 
     def who(self, state: dict[str, Any]) -> str:
+        if "pid" not in state and state.get("starting"):
+            return f"starting under pid {state['starting'].get('pid')}"
         return f"pid {state.get('pid')}"
 
 
@@ -131,6 +152,7 @@ class SlurmExecutor:
     """`sbatch` of the same supervisor; Slurm's own view (one `squeue` for all jobs) corrects the record."""
 
     name = "slurm"
+    detaches = False  # each job is submitted at once: a dependent needs its Slurm id
     queues = True  # a job waits on the ones it needs in Slurm's queue (afterok)
 
     def submit(self, directory: Path, spec: dict[str, Any], release: Path, after: list[str]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from remote import executors
+from remote import executors, processes
 from remote.processes import is_alive, process_start  # noqa: F401  (the supervisor's and the runner's)
 from remote.store import BrokenJob, HostError, Job, JobStore  # noqa: F401
 from remote.states import JobState
@@ -154,31 +154,84 @@ def launch(root: Path, spec: dict[str, Any], only: set[JobState] | None = None, 
     store = JobStore(root)
     directory = store.directory(spec["dataset"], spec["stage"])
     directory.mkdir(parents=True, exist_ok=True)
-    result = {"dataset": spec["dataset"], "stage": spec["stage"], "launched": False}
-    executor = executors.for_spec(spec)
     with store.locked(directory):
-        # NOTE: decided again under the lock: a concurrent rerun may have just relaunched it.
-        try:
-            job = store.read(directory)
-            reading = read(job, time.time()) if job.state else None
-        except BrokenJob:
-            job, reading = None, executors.Reading(JobState.BROKEN)
-        now_state = reading.state if reading else None
-        stuck = unstick and bool(reading and reading.blocked_by)
-        if only is not None and now_state not in only and not stuck:
-            return {**result, "reason": f"is {now_state.value if now_state else 'not started'}"}
-        if job is not None and job.state:
-            previous = executors.of(job.state)
-            if now_state == JobState.STALLED or stuck:
-                previous.cancel(job.state)
-            elif previous.is_active(job.state, now_state):
-                return {**result, "reason": f"already running ({previous.who(job.state)})"}
-            elif now_state == JobState.DIED:
-                previous.cancel(job.state)  # a killed supervisor's stage may live on: never two runs at once
+        refused = _refusal(directory, spec, only, unstick)
+        if refused:
+            return refused
         release = store.current_release()
         store.prepare(directory, spec)
-        started = executor.submit(directory, spec, release, after)
-    return {**result, "launched": True, **started}
+        started = executors.for_spec(spec).submit(directory, spec, release, after)
+    return {**_result(spec), "launched": True, **started}
+
+
+def launch_all(root: Path, specs: list[dict[str, Any]], each: Any = map) -> list[dict[str, Any]]:
+    """`launch` of many jobs, answering without waiting for their supervisors to start: each job is
+    checked and recorded (`starting`) here, then one detached starter starts them all (processes.Starter).
+    Jobs of an executor that cannot wait so (Slurm: sbatch is the start) are launched one by one."""
+    store = JobStore(root)
+    release = store.current_release()
+    if sum(executors.for_spec(s).detaches for s in specs) < 2:  # one fork saved is not worth a second process
+        return list(each(lambda spec: launch(root, spec), specs))
+    # NOTE: forked before any thread exists (`each` may start a pool): a fork copies only its caller.
+    starter = processes.Starter(lambda directory: _start_handed(store, Path(directory), release))
+
+    def record(spec: dict[str, Any]) -> dict[str, Any]:
+        executor = executors.for_spec(spec)
+        if not executor.detaches:
+            return launch(root, spec)
+        directory = store.directory(spec["dataset"], spec["stage"])
+        directory.mkdir(parents=True, exist_ok=True)
+        with store.locked(directory):
+            refused = _refusal(directory, spec, None, False)
+            if refused:
+                return refused
+            store.prepare(directory, spec)
+            return {**_result(spec), "launched": True, **executor.record_starting(directory, spec, release, starter),
+                    "directory": str(directory)}
+
+    results = list(each(record, specs))
+    starter.hand_over([r.pop("directory") for r in results if "directory" in r])
+    return results
+
+
+def _start_handed(store: JobStore, directory: Path, release: Path) -> None:
+    """In the starter: start the job's supervisor, unless it was stopped or relaunched meanwhile."""
+    with store.locked(directory):
+        try:
+            state = store.read(directory).state
+        except BrokenJob:
+            return
+        if "pid" in state or (state.get("starting") or {}).get("pid") != os.getpid():
+            return
+        spec = store.spec(directory)
+        executors.named(state["executor"]).submit(directory, spec, release, [])
+
+
+def _result(spec: dict[str, Any]) -> dict[str, Any]:
+    return {"dataset": spec["dataset"], "stage": spec["stage"], "launched": False}
+
+
+def _refusal(directory: Path, spec: dict[str, Any], only: set[JobState] | None, unstick: bool) -> dict[str, Any] | None:
+    """Why the job must not start now (under its lock), or None after ending what must end first."""
+    # NOTE: decided under the lock: a concurrent rerun may have just relaunched it.
+    try:
+        job = JobStore(directory.parents[2]).read(directory)
+        reading = read(job, time.time()) if job.state else None
+    except BrokenJob:
+        job, reading = None, executors.Reading(JobState.BROKEN)
+    now_state = reading.state if reading else None
+    stuck = unstick and bool(reading and reading.blocked_by)
+    if only is not None and now_state not in only and not stuck:
+        return {**_result(spec), "reason": f"is {now_state.value if now_state else 'not started'}"}
+    if job is not None and job.state:
+        previous = executors.of(job.state)
+        if now_state == JobState.STALLED or stuck:
+            previous.cancel(job.state)
+        elif previous.is_active(job.state, now_state):
+            return {**_result(spec), "reason": f"already running ({previous.who(job.state)})"}
+        elif now_state == JobState.DIED:
+            previous.cancel(job.state)  # a killed supervisor's stage may live on: never two runs at once
+    return None
 
 
 def is_active(state: dict[str, Any], now_state: JobState | None) -> bool:

@@ -139,6 +139,9 @@ def checked_state(state: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(state.get("pid_start"), (str, type(None))):
         raise BrokenJob(f"{STATE}: pid_start {state['pid_start']!r} is not a process start time")
     _check_times(STATE, state)
+    starting = state.get("starting")
+    if starting is not None and not (isinstance(starting, dict) and _is_int_or_none(starting.get("pid"))):
+        raise BrokenJob(f"{STATE}: starting {starting!r} is not a starter's pid")
     for key in ("waiting_for", "blocked_by"):
         if not isinstance(state.get(key), (list, type(None))):
             raise BrokenJob(f"{STATE}: {key} is not a list")

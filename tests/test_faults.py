@@ -209,3 +209,34 @@ def test_the_host_command_answers_with_a_broken_job_listed(root: Path) -> None:
     from remote.wire import decode
 
     assert [j["state"] for j in decode(done.stdout)["jobs"]] == ["broken"]
+
+
+# -- many jobs at once -----------------------------------------------------------------
+
+
+def test_a_launch_of_many_jobs_answers_before_their_supervisors_start_and_all_run(root: Path) -> None:
+    answer = verbs.launch({"root": str(root), "specs": [spec(f"J{i}", "records=2") for i in range(4)]})
+    assert [r["launched"] for r in answer] == [True] * 4 and all(r["where"].startswith("starting") for r in answer)
+    for i in range(4):
+        assert wait_ended(root, f"J{i}")["state"] == "succeeded"
+    again = verbs.launch({"root": str(root), "specs": [spec("J0", "records=2 sleep=5"), spec("J1", "records=2 sleep=5")]})
+    refused = verbs.launch({"root": str(root), "specs": [spec("J0", "records=1"), spec("J1", "records=1")]})
+    assert [r["launched"] for r in again] == [True, True] and [r["launched"] for r in refused] == [False, False]
+    assert all("already running" in r["reason"] for r in refused)
+    for i in range(2):
+        jobs.stop(root, f"J{i}", "prep")
+
+
+def test_a_job_whose_starter_died_before_starting_it_is_died_and_can_be_rerun(root: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    directory = root / "jobs" / "A" / "prep"
+    directory.mkdir(parents=True)
+    (directory / "spec.json").write_text(json.dumps(spec("A", "records=1")))
+    (directory / "state.json").write_text(json.dumps({
+        "dataset": "A", "stage": "prep", "executor": "process", "state": "running", "stall_after": 600,
+        "starting": {"pid": gone.pid, "pid_start": "1"}, "started_at": 1.0}))
+    died = state_of(root, "A")
+    assert died["state"] == "died" and "its starter" in died["message"]
+    assert [r["launched"] for r in verbs.rerun({"root": str(root)})] == [True]
+    assert wait_ended(root, "A")["state"] == "succeeded"
