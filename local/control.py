@@ -116,16 +116,30 @@ def run(host: RemoteHost, console: Console, datasets: list[str] | None) -> dict[
     return result
 
 
+def refresh(fetch: Callable[[], dict[str, Any]], console: Console, title: str, interval: float,
+            until: Callable[[dict[str, Any]], bool] = lambda state: False) -> dict[str, Any]:
+    """The live table (`--watch`, `--follow`, the demo): fetched and redrawn every `interval` seconds
+    until `until(state)` or Ctrl-C; the last state, whose frame stays on the screen."""
+    state = fetch()
+    with Live(status_view.render(state, title=title), console=console, auto_refresh=False) as live:
+        try:
+            while not until(state):
+                time.sleep(interval)
+                state = fetch()
+                live.update(status_view.render(state, title=title), refresh=True)
+        except KeyboardInterrupt:
+            pass
+    return state
+
+
 def follow(fetch: Callable[[], dict[str, Any]], console: Console, title: str, interval: float = 2.0) -> dict[str, Any]:
     """Refresh the table until the pipeline has ended (its runners; on Slurm, its jobs); the final status."""
-    with Live(console=console, auto_refresh=False) as live:
-        while True:
-            state = fetch()
-            live.update(status_view.render(state, title=title), refresh=True)
-            runners = [j for j in state["jobs"] if (j["dataset"], j["stage"]) == (pipeline.RUNNER, "run")]
-            if all(_settled(job) for job in runners or state["jobs"]) or state.get("unreachable"):
-                return state
-            time.sleep(interval)
+    return refresh(fetch, console, title, interval, until=_pipeline_ended)
+
+
+def _pipeline_ended(state: dict[str, Any]) -> bool:
+    runners = [j for j in state["jobs"] if (j["dataset"], j["stage"]) == (pipeline.RUNNER, "run")]
+    return all(_settled(job) for job in runners or state["jobs"]) or bool(state.get("unreachable"))
 
 
 def _settled(job: dict[str, Any]) -> bool:
@@ -169,21 +183,13 @@ def report(console: Console, results: list[dict[str, Any]], verb: str) -> None:
 def status(fetch: Callable[[], dict[str, Any]], console: Console, title: str, as_json: bool = False,
            watch: float = 0) -> dict[str, Any]:
     """One status (from `fetch`: one remote command per host), as a table, JSON, or refreshed in place."""
+    if watch and not as_json:
+        return refresh(fetch, console, title, watch)
     state = fetch()
     if as_json:
         print(json.dumps(status_view.as_json(state), indent=2))
-        return state
-    if not watch:
+    else:
         console.print(status_view.render(state, title=title))
-        return state
-    with Live(status_view.render(state, title=title), console=console, auto_refresh=False) as live:
-        try:
-            while True:
-                time.sleep(watch)
-                state = fetch()
-                live.update(status_view.render(state, title=title), refresh=True)
-        except KeyboardInterrupt:
-            pass
     return state
 
 

@@ -64,8 +64,11 @@ def base_message(state: dict[str, Any], progress: dict[str, Any]) -> str:
     return state.get("message") or progress.get("message") or ""
 
 
-def last_sign(state: dict[str, Any], progress: dict[str, Any]) -> float:
-    return max(progress.get("updated_at") or 0, state.get("started_at") or 0)
+def quiet_for(state: dict[str, Any], progress: dict[str, Any], now: float) -> float | None:
+    """Seconds without a sign of progress, when that is longer than the job's `stall_after` (stalled); else None.
+    The one stall rule, for every executor."""
+    quiet = now - max(progress.get("updated_at") or 0, state.get("started_at") or 0)
+    return quiet if quiet > state["stall_after"] else None
 
 
 class ProcessExecutor:
@@ -124,8 +127,8 @@ class ProcessExecutor:
             if processes.group_members(state):
                 message += "; its stage still runs (`inv stop` or `inv rerun --failed` ends it)"
             return Reading(JobState.DIED, message)
-        quiet = now - last_sign(state, progress)
-        if quiet > state["stall_after"]:
+        quiet = quiet_for(state, progress, now)
+        if quiet is not None:
             return Reading(JobState.STALLED, f"no progress for {quiet:.0f}s")
         return Reading(JobState.RUNNING, message)
 

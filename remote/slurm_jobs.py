@@ -77,10 +77,12 @@ def effective(state: dict[str, Any], progress: dict[str, Any], now: float, job: 
     if seen == JobState.WAITING:
         return seen, f"pending in Slurm ({job.reason})" if job.reason else "pending in Slurm"
     if seen == JobState.RUNNING:
-        last_sign = max(progress.get("updated_at", 0), state.get("started_at", 0))
+        from remote.executors import quiet_for  # the one stall rule (executors imports this module lazily)
+
         where = f"on {job.node}" if job.node else ""
-        if state.get("started_at") and now - last_sign > state["stall_after"]:
-            return JobState.STALLED, f"no progress for {now - last_sign:.0f}s {where}".strip()
+        quiet = quiet_for(state, progress, now) if state.get("started_at") else None
+        if quiet is not None:
+            return JobState.STALLED, f"no progress for {quiet:.0f}s {where}".strip()
         return JobState.RUNNING, where
     if seen.is_terminal():
         return (JobState.DIED if seen == JobState.SUCCEEDED else seen), f"Slurm: {base} without the supervisor's record"

@@ -56,14 +56,14 @@ def test_headers_are_the_documented_columns_in_order() -> None:
 
 def test_every_state_has_a_colour_and_the_bad_ones_make_status_fail() -> None:
     assert set(status_view.STATE_STYLES) == set(JobState)
-    assert BAD == {JobState.FAILED, JobState.DIED, JobState.EMPTY, JobState.STALLED}
+    assert BAD == {JobState.FAILED, JobState.DIED, JobState.EMPTY, JobState.STALLED, JobState.BROKEN}
     for state in JobState:
         assert status_view.any_bad({"jobs": [job(state=state.value)]}) == (state in BAD)
 
 
 def test_states_are_declared_in_lifecycle_order_and_know_if_they_are_terminal() -> None:
     assert [s.value for s in JobState] == [
-        "waiting", "running", "stalled", "succeeded", "empty", "failed", "died", "stopped"]
+        "waiting", "running", "stalled", "succeeded", "empty", "failed", "died", "stopped", "broken"]
     assert [s.value for s in JobState if not s.is_terminal()] == ["waiting", "running", "stalled"]
 
 
