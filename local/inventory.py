@@ -28,7 +28,9 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NOTE: schemas built on first use: at import, each model would be built once alone and again inside
+    # Inventory, which doubled the start-up of every `inv` command.
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class Host(Strict):
