@@ -203,8 +203,11 @@ def stop(host: RemoteHost, console: Console, datasets: list[str] | None, stages:
     names = mine(host, datasets) if datasets and not set(datasets) & {pipeline.DRAFT, pipeline.RUNNER} else datasets
     results = host.call("stop", datasets=names, stages=stages) if names != [] else []
     stopped = [r for r in results if r["stopped"]]
-    for result in stopped:
-        console.print(f"stopped {result['dataset']}/{result['stage']}")
+    for result in results:
+        if result["stopped"]:
+            console.print(f"stopped {result['dataset']}/{result['stage']}")
+        elif result.get("reason"):  # a broken job: its processes cannot be known from its files
+            console.print(f"[yellow]not stopped {result['dataset']}/{result['stage']}: {result['reason']}[/]")
     if not stopped:
         console.print("Nothing to stop: no matching job is running.")
 
