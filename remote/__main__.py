@@ -8,7 +8,6 @@ verb takes one JSON object and prints one payload (`remote.wire`); a refusal is
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 import os
 import shutil
 import sys
@@ -17,7 +16,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from remote import executors, jobs
-from remote.slurm import SlurmError
 from remote.states import BAD, JobState
 from remote.store import BrokenJob, HostError, JobStore
 from remote.wire import emit
@@ -30,6 +28,8 @@ def status(args: dict[str, Any]) -> Any:
 def each(work: Callable[[Any], Any], items: list[Any]) -> list[Any]:
     """`work` over the jobs in parallel: it overlaps the file system's rename latency, the forks
     and stop's waits. Each job has its own lock, so jobs never race with each other."""
+    from concurrent.futures import ThreadPoolExecutor  # here: it imports logging, which `status` never needs
+
     with ThreadPoolExecutor(max_workers=8) as pool:
         return list(pool.map(work, items))
 
@@ -261,7 +261,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         result = VERBS[verb](args)
-    except (HostError, SlurmError) as exc:  # a refusal, or Slurm's own one-line error
+    except HostError as exc:  # a refusal, or Slurm's own one-line error (remote.slurm.SlurmError)
         if verb == "logs":  # its stdout is the log itself
             print(exc, file=sys.stderr)
         else:

@@ -9,7 +9,6 @@ is stopped or run again.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -105,6 +104,8 @@ def die_with_parent(parent: int, sig: signal.Signals = signal.SIGKILL) -> Callab
 
     The setting survives exec, so `/bin/sh -c CMD` that execs CMD passes it on to the stage.
     """
+    import ctypes  # here: only the supervisor needs it, and `status` starts faster without
+
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
     except (OSError, AttributeError):

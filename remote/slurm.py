@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from remote.states import JobState
+from remote.store import HostError
 
 TIMEOUT_S = 60.0
 
@@ -61,7 +62,7 @@ _ALREADY_DONE = "already completing or completed"
 _JOBCOMP_FIELD = re.compile(r"(?:^| )(\w+)=")
 
 
-class SlurmError(Exception):
+class SlurmError(HostError):
     """A Slurm command refused or failed; the message is its own, on one line."""
 
 

@@ -65,7 +65,7 @@ def descendants(pid: int, needle: str) -> list[int]:
     return found
 
 
-def wait_ended(root: Path, dataset: str, timeout: float = 30) -> dict[str, Any]:
+def wait_ended(root: Path, dataset: str, timeout: float = 60) -> dict[str, Any]:
     wait_for(lambda: JobState(state_of(root, dataset)["state"]).is_terminal(), timeout, f"{dataset} to end")
     return state_of(root, dataset)
 
@@ -218,8 +218,8 @@ def test_a_launch_of_many_jobs_answers_before_their_supervisors_start_and_all_ru
     answer = verbs.launch({"root": str(root), "specs": [spec(f"J{i}", "records=2") for i in range(4)]})
     assert [r["launched"] for r in answer] == [True] * 4 and all(r["where"].startswith("starting") for r in answer)
     for i in range(4):
-        assert wait_ended(root, f"J{i}")["state"] == "succeeded"
-    again = verbs.launch({"root": str(root), "specs": [spec("J0", "records=2 sleep=5"), spec("J1", "records=2 sleep=5")]})
+        assert wait_ended(root, f"J{i}", timeout=90)["state"] == "succeeded"
+    again = verbs.launch({"root": str(root), "specs": [spec("J0", "records=1 hold=120"), spec("J1", "records=1 hold=120")]})
     refused = verbs.launch({"root": str(root), "specs": [spec("J0", "records=1"), spec("J1", "records=1")]})
     assert [r["launched"] for r in again] == [True, True] and [r["launched"] for r in refused] == [False, False]
     assert all("already running" in r["reason"] for r in refused)
