@@ -54,6 +54,24 @@ def median_seconds(action: Callable[[], object], repeat: int) -> float:
     return statistics.median(times)
 
 
+def paired(action: Callable[[], object], baseline: Callable[[], object], repeat: int,
+           before: Callable[[], object] = lambda: None) -> dict[str, float]:
+    """A and B in turn (A B A B ...), the ratio taken pair by pair and its median quoted: a machine whose
+    speed drifts during the run moves both sides of each pair. `before` runs untimed ahead of each A."""
+    ratios, a_times, b_times = [], [], []
+    for _ in range(repeat):
+        before()
+        started = time.perf_counter()
+        action()
+        a_times.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        baseline()
+        b_times.append(time.perf_counter() - started)
+        ratios.append(a_times[-1] / b_times[-1])
+    return {"seconds": statistics.median(a_times), "baseline_seconds": statistics.median(b_times),
+            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+
+
 def host_of(bench: Bench) -> RemoteHost:
     host = RemoteHost(load(str(bench.checkout / "inventories" / "test.yaml")))
     host.transport = Counting(host.transport)
@@ -101,6 +119,15 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
     status_commands = once(bench, lambda h: h.call("status"))
     status = median_seconds(lambda: once(bench, lambda h: h.call("status")), repeat)
     inv_status = median_seconds(lambda: bench.inv("status", check=False), repeat)
+    # As typed, against `ssh host true` in pairs (Python start-up, imports and the host's Python included).
+    ssh = lambda: subprocess.run(bench.sshd.ssh_argv("true"), check=True)  # noqa: E731
+    typed_status = paired(lambda: bench.inv("status", check=False), ssh, repeat)
+
+    def all_ended() -> None:
+        wait_for(lambda: all(j["state"] == "succeeded" for j in bench.poll().values()), 120, "40 jobs to finish")
+
+    typed_launch = paired(lambda: bench.inv("launch", "--stage", "prep"), ssh, repeat, before=all_ended)
+    all_ended()
 
     noop_commands = once(bench, deploy_once)
     noop = median_seconds(lambda: once(bench, deploy_once), repeat)
@@ -129,6 +156,8 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
         "status_40_jobs": {"remote_commands": status_commands, "seconds": status, "ratio_to_ssh_true": status / ssh_true,
                            "inv_seconds": inv_status, "inv_ratio_to_ssh_true": inv_status / ssh_true},
         "launch_40_jobs": {"remote_commands": launch_commands, "seconds": launch, "ratio_to_ssh_true": launch / ssh_true},
+        "inv_status_as_typed_vs_ssh_true": typed_status,
+        "inv_launch_40_as_typed_vs_ssh_true": typed_launch,
         "deploy_noop_200_files": {"remote_commands": noop_commands, "seconds": noop, "rsync_seconds": rsync_noop,
                                   "ratio_to_rsync": noop / rsync_noop},
         "deploy_one_changed_200_files": {"seconds": one_file, "rsync_seconds": rsync_one,
