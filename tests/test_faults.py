@@ -23,6 +23,9 @@ from remote import jobs
 from remote.states import JobState
 from tests.harness import REPO, SCRIPTED, wait_for
 
+#: Tests that start real supervisors and stages (seconds each): the end-to-end tier.
+E2E = pytest.mark.e2e
+
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
@@ -73,6 +76,7 @@ def wait_ended(root: Path, dataset: str, timeout: float = 60) -> dict[str, Any]:
 # -- process groups ------------------------------------------------------------
 
 
+@E2E
 def test_the_stage_dies_with_its_supervisor(root: Path) -> None:
     jobs.launch(root, spec("A", "records=1000 sleep=0.1"))
     supervisor = record(root, "A")["pid"]
@@ -83,6 +87,7 @@ def test_the_stage_dies_with_its_supervisor(root: Path) -> None:
     assert state_of(root, "A")["state"] == "died"
 
 
+@E2E
 def test_stop_and_rerun_end_what_a_killed_supervisor_left_running(root: Path) -> None:
     jobs.launch(root, spec("A", "records=1000 sleep=0.1 child=1"))
     child_file = root / "data" / "A" / "prep" / "child.pid"
@@ -155,6 +160,7 @@ def small_disk(tmp_path: Path) -> Path:
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@E2E
 def test_a_full_disk_is_failed_with_no_space_left_and_the_temporary_files_are_removed(small_disk: Path) -> None:
     root = small_disk / "root"
     root.mkdir()
@@ -180,6 +186,28 @@ CORRUPTIONS = {
 }
 
 
+def test_every_corrupt_job_is_listed_broken_with_its_reason_beside_a_good_one(root: Path) -> None:
+    good = root / "jobs" / "A" / "prep"
+    good.mkdir(parents=True)
+    (good / "state.json").write_text(json.dumps({"dataset": "A", "stage": "prep", "state": "succeeded"}))
+    for index, corrupt in enumerate(CORRUPTIONS.values()):
+        bad = root / "jobs" / f"B{index}" / "prep"
+        bad.mkdir(parents=True)
+        corrupt(bad)
+    shown = {j["dataset"]: j for j in jobs.status(root)["jobs"]}
+    assert shown.pop("A")["state"] == "succeeded"
+    reasons = [job["message"] for job in shown.values() if job["state"] == "broken"]
+    assert reasons == [
+        "broken: state.json is a directory, not a file",
+        "broken: state.json has an unknown state 'exploded'",
+        "broken: progress.json holds bytes that are not UTF-8 text",
+        "broken: state.json holds a JSON list, not an object",
+        "broken: state.json is not valid JSON (torn or half-written?): Expecting ',' delimiter at byte 30",
+        "broken: state.json: pid 'abc' is not a process id",
+    ]
+
+
+@E2E
 @pytest.mark.parametrize("corruption", CORRUPTIONS)
 def test_one_corrupt_job_is_listed_broken_and_status_and_rerun_carry_on(root: Path, corruption: str) -> None:
     good = root / "jobs" / "A" / "prep"
@@ -214,6 +242,7 @@ def test_the_host_command_answers_with_a_broken_job_listed(root: Path) -> None:
 # -- many jobs at once -----------------------------------------------------------------
 
 
+@E2E
 def test_a_launch_of_many_jobs_answers_before_their_supervisors_start_and_all_run(root: Path) -> None:
     answer = verbs.launch({"root": str(root), "specs": [spec(f"J{i}", "records=2") for i in range(4)]})
     assert [r["launched"] for r in answer] == [True] * 4 and all(r["where"].startswith("starting") for r in answer)
@@ -227,6 +256,7 @@ def test_a_launch_of_many_jobs_answers_before_their_supervisors_start_and_all_ru
         jobs.stop(root, f"J{i}", "prep")
 
 
+@E2E
 def test_a_job_whose_starter_died_before_starting_it_is_died_and_can_be_rerun(root: Path) -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()
