@@ -109,13 +109,16 @@ def in_use(root):
     used = set()
     jobs = os.path.join(root, "jobs")
     for dataset in os.listdir(jobs) if os.path.isdir(jobs) else []:
+        if not os.path.isdir(os.path.join(jobs, dataset)):
+            continue
         for stage in os.listdir(os.path.join(jobs, dataset)):
             try:
                 with open(os.path.join(jobs, dataset, stage, "state.json")) as handle:
                     state = json.load(handle)
             except (OSError, ValueError):
                 continue
-            if state.get("state") in ("running", "stalled", "waiting"):
+            # NOTE: a broken record (not an object) keeps no release: `inv status` shows it as broken.
+            if isinstance(state, dict) and state.get("state") in ("running", "stalled", "waiting"):
                 used.add(state.get("release"))
     return used
 

@@ -270,3 +270,18 @@ def test_a_job_whose_starter_died_before_starting_it_is_died_and_can_be_rerun(ro
     assert died["state"] == "died" and "its starter" in died["message"]
     assert [r["launched"] for r in verbs.rerun({"root": str(root)})] == [True]
     assert wait_ended(root, "A")["state"] == "succeeded"
+
+
+def test_corrupt_job_files_never_take_down_a_deploys_pruning(root: Path) -> None:
+    import runpy
+
+    for index, corrupt in enumerate(CORRUPTIONS.values()):
+        bad = root / "jobs" / f"B{index}" / "prep"
+        bad.mkdir(parents=True)
+        corrupt(bad)
+    (root / "jobs" / "stray-file").write_text("not a dataset directory")
+    live = root / "jobs" / "A" / "prep"
+    live.mkdir(parents=True)
+    (live / "state.json").write_text(json.dumps({"state": "running", "release": "r1"}))
+    agent = runpy.run_path(str(REPO / "remote" / "release.py"), run_name="agent")  # run as deploy sends it
+    assert agent["in_use"](str(root)) == {"r1"}
