@@ -118,8 +118,8 @@ def in_use(root):
             except (OSError, ValueError):
                 continue
             # NOTE: a broken record (not an object) keeps no release: `inv status` shows it as broken.
-            if isinstance(state, dict) and state.get("state") in ("running", "stalled", "waiting"):
-                used.add(state.get("release"))
+            if isinstance(state, dict) and state.get("state") in ("running", "stalled", "waiting") and state.get("release"):
+                used.add(state["release"])
     return used
 
 
