@@ -139,10 +139,6 @@ def status(root: Path) -> dict[str, Any]:
     }
 
 
-def state_now(directory: Path) -> JobState:
-    return JobState(describe(directory, time.time())["state"])
-
-
 # -- launching and stopping --------------------------------------------------
 
 
