@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 import time
+
+import pytest
 from pathlib import Path
 
 from tests.infer_fixtures import (  # noqa: F401 (fixtures)
@@ -20,6 +22,8 @@ from tests.infer_fixtures import (  # noqa: F401 (fixtures)
 )
 
 from remote.stages import infer
+
+pytestmark = pytest.mark.e2e  # a real `transformers serve`: not the unit tier
 
 
 def launch_infer(data: Path, settings: dict, progress: Path) -> subprocess.Popen:

@@ -13,7 +13,7 @@ from remote.slurm import SlurmJob
 from remote.states import JobState
 from tests.slurm import SlurmCluster
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]  # a real cluster: not the unit tier
 
 Submit = Callable[..., str]
 

@@ -9,9 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import paramiko
+import pytest
 from fabric import Config, Connection
 
 from tests.sshd import SshServer
+
+pytestmark = pytest.mark.e2e  # a real sshd: not the unit tier
 
 
 def _ssh(server: SshServer, *command: str) -> subprocess.CompletedProcess[str]:
