@@ -6,9 +6,9 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 from tests.infer_fixtures import (  # noqa: F401 (fixtures)
     Server,
