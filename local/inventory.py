@@ -81,6 +81,11 @@ class Prep(Stage):
     num_proc: int = Field(1, ge=1)
     shard_size: int = Field(10_000, ge=1)
     batch_size: int = Field(256, ge=1, description="rows handed to one tokenizer call (and one worker task)")
+    reasoning: Literal["expand", "preserve"] = Field(
+        "expand", description="expand: each turn after the context its server rendered, nothing lost; "
+                              "preserve: one record per row, earlier reasoning kept in context")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="what the target's server passes its chat template, e.g. {thinking: false}")
 
 
 class Infer(Stage):

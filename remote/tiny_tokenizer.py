@@ -3,9 +3,10 @@
 Kimi-K2's own tokenizer needs the hub (and `trust_remote_code`), so the tests
 and the demo use this stand-in: a byte-level BPE trained with `tokenizers` on a
 little built-in text, saved as a `transformers` tokenizer directory with a chat
-template shaped like Kimi's (``<|im_user|>user<|im_middle|>...<|im_end|>``, a
-tool-call section, a ``tool`` role, reasoning as ``<think>...</think>``) and,
-like Kimi's, no ``{% generation %}`` markers.
+template that behaves like Kimi-K2.5's (``<|im_user|>user<|im_middle|>...<|im_end|>``,
+a ``tool_declare`` turn, tool calls by id, a ``tool`` role, reasoning as
+``<think>...</think>`` kept only after the last plain assistant turn) and, like
+Kimi's, no ``{% generation %}`` markers.
 
 Usage: ``python -m remote.tiny_tokenizer OUTDIR``.
 """
@@ -36,33 +37,38 @@ SPECIAL_TOKENS = [
     "</think>",
 ]
 
-# NOTE: like Kimi-K2-Thinking, reasoning is rendered only for the assistant turns
-# after the last user message; earlier turns lose it. A mask built by rendering
-# prefixes of the conversation would be wrong here, which is what the tests want.
+# NOTE: shaped like Kimi-K2.5's own template in what prep depends on: reasoning
+# is rendered only for the assistant turns after the last assistant turn without
+# tool calls (every turn with `preserve_thinking`), earlier ones get an empty
+# `<think></think>`; a tool call renders its id (Kimi's `functions.NAME:IDX`),
+# not the function's name; tools are declared in a `tool_declare` turn; the
+# generation prompt opens `<think>` (`<think></think>` with `thinking=False`).
+# Tools are declared as JSON: this tokenizer has no Python override to write
+# Kimi's TypeScript-style declaration.
 CHAT_TEMPLATE = """\
-{%- set ns = namespace(last_user=-1) -%}
-{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}
+{%- set preserve_thinking = preserve_thinking | default(false) -%}
+{%- set ns = namespace(last_plain=-1) -%}
+{%- if not preserve_thinking -%}
+{%- for m in messages -%}{%- if m.role == 'assistant' and not m.tool_calls -%}{%- set ns.last_plain = loop.index0 -%}{%- endif -%}{%- endfor -%}
+{%- endif -%}
 {%- if tools -%}
 <|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>
 {%- endif -%}
 {%- for message in messages -%}
-{%- if loop.first and message.role != 'system' -%}
-<|im_system|>system<|im_middle|>You are a helpful assistant.<|im_end|>
-{%- endif -%}
-{%- if message.role == 'system' -%}
-<|im_system|>system<|im_middle|>
-{%- elif message.role == 'user' -%}
+{%- if message.role == 'user' -%}
 <|im_user|>user<|im_middle|>
 {%- elif message.role == 'assistant' -%}
 <|im_assistant|>assistant<|im_middle|>
-{%- elif message.role == 'tool' -%}
-<|im_system|>tool<|im_middle|>
+{%- elif message.role in ('system', 'tool') -%}
+<|im_system|>{{ message.role }}<|im_middle|>
 {%- else -%}
 {{ raise_exception('unknown role ' ~ message.role) }}
 {%- endif -%}
 {%- if message.role == 'assistant' -%}
-{%- if message.reasoning_content and loop.index0 > ns.last_user -%}
-<think>{{ message.reasoning_content }}</think>
+{%- if loop.index0 > ns.last_plain and not (thinking is defined and thinking is false and not preserve_thinking) -%}
+<think>{{ message.reasoning_content or '' }}</think>
+{%- else -%}
+<think></think>
 {%- endif -%}
 {{ message.content or '' }}
 {%- if message.tool_calls -%}
@@ -84,6 +90,7 @@ CHAT_TEMPLATE = """\
 {%- endfor -%}
 {%- if add_generation_prompt -%}
 <|im_assistant|>assistant<|im_middle|>
+{%- if thinking is defined and thinking is false -%}<think></think>{%- else -%}<think>{%- endif -%}
 {%- endif -%}
 """
 

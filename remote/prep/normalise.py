@@ -25,6 +25,7 @@ PROMPT_FIELDS = (("instruction", "alpaca"), ("prompt", "prompt"), ("question", "
 ANSWER_FIELDS = ("output", "response", "completion", "answer", "solution")
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 TEXT_PART_TYPES = ("text", "input_text", "output_text")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 class Skip(Exception):
@@ -61,6 +62,9 @@ def normalise(row: Any, index: int, kind: str = "native", dataset: str = "") -> 
     system = row.get("system")
     if isinstance(system, str) and system.strip() and not any(t["role"] == "system" for t in turns):
         turns.insert(0, {"role": "system", "content": system})
+    for turn in turns:
+        if turn["role"] == "assistant":
+            _split_inline_reasoning(turn)
     record = Record(_row_id(row, index, dataset), turns, _tools(row), fmt)
     if kind == "prompts":
         record.conversations = _prompt_turns(turns)
@@ -163,6 +167,27 @@ def _turn(raw: Any, position: int) -> dict[str, Any] | None:
     return turn
 
 
+def _split_inline_reasoning(turn: dict[str, Any]) -> None:
+    """Reasoning written inline in the content (a server without a reasoning parser) moved to
+    `reasoning_content`, where the chat template expects it.
+
+    ``<think>R</think>A`` and, as Kimi writes it after a prompt that already opened
+    ``<think>``, ``R</think>A``: R is the reasoning and A, exactly as written, the content.
+    """
+    content = turn["content"]
+    if turn.get("reasoning_content") or THINK_CLOSE not in content:
+        return
+    head, _, answer = content.partition(THINK_CLOSE)
+    stripped = head.lstrip()
+    if stripped.startswith(THINK_OPEN):
+        head = stripped[len(THINK_OPEN):]
+    elif THINK_OPEN in head:
+        return  # `<think>` in the middle of the text: not a reasoning block, leave it as written
+    turn["content"] = answer
+    if head:
+        turn["reasoning_content"] = head
+
+
 def _role(name: Any) -> str:
     role = canonical_role(name)
     if role is None:
@@ -189,6 +214,7 @@ def _part_text(part: Any) -> str:
     kind = part.get("type") or "text"
     if kind in TEXT_PART_TYPES and isinstance(part.get("text"), str):
         return part["text"]
+    # NOTE: the draft is text-only: an image's tokens would be placeholders it cannot learn from.
     raise Skip(f"non-text content part ({kind})")
 
 
@@ -243,7 +269,7 @@ def _answer_turn(row: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _native_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The turns to train on: up to the last assistant turn."""
-    last = max((i for i, t in enumerate(turns) if t["role"] == "assistant" and _says_something(t)), default=-1)
+    last = max((i for i, t in enumerate(turns) if t["role"] == "assistant" and says_something(t)), default=-1)
     if last < 0:
         raise Skip("no assistant turn")
     # NOTE: turns after the last assistant turn (an agent's final observation)
@@ -261,7 +287,7 @@ def _prompt_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     raise Skip("no user turn with text")
 
 
-def _says_something(turn: dict[str, Any]) -> bool:
+def says_something(turn: dict[str, Any]) -> bool:
     return bool(turn["content"].strip() or turn.get("tool_calls") or turn.get("reasoning_content"))
 
 

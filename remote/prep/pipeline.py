@@ -19,8 +19,10 @@ from typing import Any, Callable, Iterable, Iterator
 from remote.prep.load import Malformed
 from remote.prep.normalise import Record, Skip, normalise
 from remote.prep.settings import PrepSettings, Target
+from remote.prep.sequences import Sequence, sequences
 from remote.prep.template import ChatTemplate
-from remote.prep.tokenise import Encoder, Tokens
+from remote.prep.tokenise import Encoder, EncodingStats, Tokens
+from remote.prep.tool_ids import kimi_ids
 
 
 @dataclass
@@ -28,16 +30,26 @@ class Summary:
     """What prep did with a dataset: the numbers behind the manifest and `inv validate`."""
 
     rows: int = 0
+    #: Rows that gave at least one record.
     kept: int = 0
     skip_reasons: Counter = field(default_factory=Counter)
     formats: Counter = field(default_factory=Counter)
-    #: Tokens of the kept records (for prompts: of the rendered prompts).
+    #: Records written: one per kept row, more where a row's turns need contexts of their own.
+    records: int = 0
+    #: Assistant turns learned, and those that took a record of their own (`remote.prep.sequences`).
+    assistant_turns: int = 0
+    turns_expanded: int = 0
+    #: Records of kept rows left out (e.g. overlong with ``overlong: drop``), by reason.
+    records_skipped: Counter = field(default_factory=Counter)
+    #: Tokens of the records (for prompts: of the rendered prompts).
     tokens: int = 0
-    #: Tokens under the loss mask.
+    #: Tokens under the loss mask, and the reasoning among them.
     loss_tokens: int = 0
+    reasoning_tokens: int = 0
     min_tokens: int = 0
     max_tokens: int = 0
     truncated: int = 0
+    encoding: EncodingStats = field(default_factory=EncodingStats)
 
     @property
     def skipped(self) -> int:
@@ -45,25 +57,27 @@ class Summary:
 
     @property
     def mean_tokens(self) -> float | None:
-        return round(self.tokens / self.kept, 1) if self.kept and self.tokens else None
+        count = self.records or self.kept
+        return round(self.tokens / count, 1) if count and self.tokens else None
 
-    def add_tokens(self, count: int, loss: int = 0) -> None:
+    def add_tokens(self, count: int, loss: int = 0, reasoning: int = 0) -> None:
         self.min_tokens = min(self.min_tokens, count) if self.tokens else count
         self.max_tokens = max(self.max_tokens, count)
         self.tokens += count
         self.loss_tokens += loss
+        self.reasoning_tokens += reasoning
 
     def merge(self, other: "Summary") -> None:
         if other.tokens:
             self.min_tokens = min(self.min_tokens, other.min_tokens) if self.tokens else other.min_tokens
         self.max_tokens = max(self.max_tokens, other.max_tokens)
-        self.rows += other.rows
-        self.kept += other.kept
+        for name in ("rows", "kept", "records", "assistant_turns", "turns_expanded", "tokens", "loss_tokens",
+                     "reasoning_tokens", "truncated"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
         self.skip_reasons.update(other.skip_reasons)
         self.formats.update(other.formats)
-        self.tokens += other.tokens
-        self.loss_tokens += other.loss_tokens
-        self.truncated += other.truncated
+        self.records_skipped.update(other.records_skipped)
+        self.encoding.merge(other.encoding)
 
     def top_reasons(self, n: int = 5) -> list[tuple[str, int]]:
         return self.skip_reasons.most_common(n)
@@ -76,6 +90,12 @@ class Summary:
             "skipped": self.skipped,
             "skip_reasons": dict(self.skip_reasons.most_common()),
             "formats": dict(self.formats.most_common()),
+            "records": self.records,
+            "assistant_turns": self.assistant_turns,
+            "turns_expanded": self.turns_expanded,
+            "records_skipped": dict(self.records_skipped.most_common()),
+            "reasoning_tokens": self.reasoning_tokens,
+            "learned_tokens": self.loss_tokens,
             "mean_tokens": self.mean_tokens,
         }
 
@@ -86,6 +106,7 @@ class Summary:
             "min": self.min_tokens,
             "max": self.max_tokens,
             "loss_tokens": self.loss_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
             "loss_fraction": round(self.loss_tokens / self.tokens, 4) if self.tokens else None,
             "truncated": self.truncated,
         }
@@ -105,8 +126,9 @@ class Started:
     """A batch normalised and rendered, waiting for the tokenizer."""
 
     records: list[Record]
+    #: Per record: its training sequences (native), or the prompt's text for the stats (prompts).
+    sequences: list[list[Sequence]]
     texts: list[str | None]
-    spans: list[list[tuple[int, int]]]
     summary: Summary
 
 
@@ -117,12 +139,13 @@ class Preparer:
                  tokenize: bool = True) -> None:
         self.kind = kind
         self.dataset = dataset
+        self.settings = settings
         # NOTE: tokenize=False is `inv validate` on a workstation without the target's tokenizer:
         # rows are normalised and counted (the schema bugs), tokens are not.
         if tokenizer is None and tokenize and (kind == "native" or target.tokenizer):
             tokenizer = target.load()
         self.tokenizer = tokenizer
-        self.template = ChatTemplate(tokenizer) if tokenizer is not None else None
+        self.template = ChatTemplate(tokenizer, settings.chat_template_kwargs) if tokenizer is not None else None
         self.encoder = Encoder(tokenizer, settings.max_length, settings.overlong) if tokenizer is not None else None
 
     def process(self, batch: list[tuple[int, Any]]) -> Prepared:
@@ -134,39 +157,60 @@ class Preparer:
         for record in self._normalised(batch, started.summary):
             try:
                 if self.kind == "native" and self.template is not None:
-                    text, spans = self.template.render_with_spans(record.conversations, record.tools)
+                    if self.template.renders_call_ids:
+                        record.conversations = kimi_ids(record.conversations)
+                    keep = self.settings.reasoning == "preserve"
+                    found, text = sequences(self.template, record.conversations, record.tools, keep), None
                 elif self.kind == "native":
-                    text, spans = None, []
+                    found, text = [], None
                 else:
-                    text, spans = self._prompt_text(record), []
+                    found, text = [], self._prompt_text(record)
             except Skip as skip:
                 started.summary.skip_reasons[skip.reason] += 1
                 continue
             started.records.append(record)
+            started.sequences.append(found)
             started.texts.append(text)
-            started.spans.append(spans)
         return started
 
     def finish(self, started: Started) -> Prepared:
         """The tokenizer's half (it releases the GIL, so it can overlap the next `start`)."""
         summary = started.summary
         if self.kind != "native" or self.encoder is None:
-            summary.kept = len(started.records)
+            summary.kept = summary.records = len(started.records)
             texts = [t for t in started.texts if t is not None]
             if self.tokenizer is not None and texts:
                 for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]:
                     summary.add_tokens(len(ids))
             return Prepared(started.records, [], summary)
+        flat = [sequence for found in started.sequences for sequence in found]
+        encoded = iter(self.encoder.encode(flat))
         kept, kept_tokens = [], []
-        for record, result in zip(started.records, self.encoder.encode(started.texts, started.spans)):
-            if isinstance(result, Skip):
-                summary.skip_reasons[result.reason] += 1
+        for record, found in zip(started.records, started.sequences):
+            results = [next(encoded) for _ in found]
+            good = [(s, t) for s, t in zip(found, results) if isinstance(t, Tokens)]
+            if not good:
+                summary.skip_reasons[results[0].reason] += 1
                 continue
-            kept.append(record)
-            kept_tokens.append(result)
-            summary.add_tokens(len(result.input_ids), int(result.loss_mask.sum()))
-            summary.truncated += result.truncated
-        summary.kept = len(kept)
+            for result in results:
+                if isinstance(result, Skip):
+                    summary.records_skipped[result.reason] += 1
+            summary.kept += 1
+            summary.turns_expanded += len(good) - 1
+            last = len(found[-1].conversation)
+            for sequence, tokens in good:
+                turn = len(sequence.conversation)
+                # The record of the row's last turn keeps the row's id; the others name their turn.
+                record_id = record.id if turn == last else f"{record.id}#{turn - 1}"
+                kept.append(Record(record_id, sequence.conversation, record.tools, record.format))
+                kept_tokens.append(tokens)
+                summary.assistant_turns += len(sequence.spans)
+                summary.add_tokens(len(tokens.input_ids), int(tokens.loss_mask.sum()), int(tokens.reasoning_mask.sum()))
+                summary.truncated += tokens.truncated
+        summary.records = len(kept)
+        summary.encoding = EncodingStats(self.encoder.stats.method)
+        summary.encoding.merge(self.encoder.stats)
+        self.encoder.stats = EncodingStats(self.encoder.stats.method)
         return Prepared(kept, kept_tokens, summary)
 
     def _prompt_text(self, record: Record) -> str | None:
@@ -240,8 +284,8 @@ def _batches(rows: Iterable[Any], size: int) -> Iterator[list[tuple[int, Any]]]:
 
 
 def _report(progress: Any, batch: Summary, total: Summary) -> None:
-    if batch.kept:
-        progress.written(batch.kept)
+    if batch.records:
+        progress.written(batch.records)
     for reason, n in batch.skip_reasons.items():
         progress.skipped(reason, n)
     progress.metrics(rows=total.rows, tokens=total.tokens)

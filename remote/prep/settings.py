@@ -14,6 +14,7 @@ from remote.prep.errors import PrepError
 from remote.settings import missing
 
 OVERLONG = ("truncate", "drop")
+REASONING = ("expand", "preserve")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,13 @@ class PrepSettings:
     shard_size: int
     #: Rows handed to one tokenizer call (and one worker task).
     batch_size: int
+    #: ``expand``: every assistant turn after the context the target's server rendered for it,
+    #: a record of its own where a later context strips its reasoning (nothing is lost);
+    #: ``preserve``: one record per row, contexts keeping earlier reasoning (`remote.prep.sequences`).
+    reasoning: str
+    #: What the target's server passed to its chat template (e.g. ``{"thinking": false}``); the
+    #: tokenize stage takes the infer stage's.
+    chat_template_kwargs: dict[str, Any]
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "PrepSettings":
@@ -45,6 +53,11 @@ class PrepSettings:
                 raise PrepError(f"stages.prep.{name} must be a positive integer (got {value!r})")
         if settings.overlong not in OVERLONG:
             raise PrepError(f"stages.prep.overlong must be one of {', '.join(OVERLONG)} (got {settings.overlong!r})")
+        if settings.reasoning not in REASONING:
+            raise PrepError(f"stages.prep.reasoning must be one of {', '.join(REASONING)} (got {settings.reasoning!r})")
+        if not isinstance(settings.chat_template_kwargs, dict):
+            raise PrepError(f"stages.prep.chat_template_kwargs must be a mapping such as {{thinking: false}} "
+                            f"(got {settings.chat_template_kwargs!r})")
         if not isinstance(settings.min_kept_ratio, (int, float)) or not 0 <= settings.min_kept_ratio <= 1:
             raise PrepError(f"stages.prep.min_kept_ratio must be between 0 and 1 (got {settings.min_kept_ratio!r})")
         return settings

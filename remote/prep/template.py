@@ -1,18 +1,16 @@
-"""The target's chat template, and where in its output the assistant turns are.
+"""The target's chat template, through the tokenizer's own `apply_chat_template`.
 
-Kimi's template has no ``{% generation %}`` markers, so the spans are derived
-from the template itself. Two probe renders tell what opens an assistant turn
-(the generation prompt: what ``add_generation_prompt`` appends) and what closes
-it (what follows an assistant message's content). A conversation is then
-rendered once and cut at those markers; each cut is checked against the
-message it should hold. When the check fails (a template that renders turns
-differently in context, a message that contains a marker) the spans are found
-the slow way, by rendering the conversation's prefixes, and when that fails too
-the record is skipped with a reason: a wrong mask is worse than a lost record.
+Every render goes through ``tokenizer.apply_chat_template(..., tokenize=False)``,
+so a tokenizer's Python override takes part as it does when the target serves
+(Kimi-K2.5's declares tools TypeScript-style and defaults ``thinking`` on), with
+the ``chat_template_kwargs`` the server was given (e.g. ``thinking: false``).
 
-A span runs from just after the turn's opening marker to the end of its
-closing marker, so it holds what the target generated for that turn:
-reasoning, content, tool calls and the end-of-turn token.
+What the target wrote for one assistant turn (its reasoning, content, tool calls
+and end-of-turn token) is read off the template too: the turn rendered alone,
+its reasoning kept (``preserve_thinking``), less the generation prompt. Two
+probes at start check that this is exactly what the template renders for that
+turn in a conversation; where it is not, each turn is taken as the difference
+of two renders of the conversation instead (slower, same result).
 """
 
 from __future__ import annotations
@@ -23,114 +21,104 @@ from typing import Any
 from remote.prep.errors import PrepError
 from remote.prep.normalise import Skip
 
-PROBE_USER = "aerie probe question 7f3a"
-PROBE_ANSWER = "aerie probe answer 9c1e"
+PROBE_USER = {"role": "user", "content": "aerie probe question 7f3a"}
+PROBE_ANSWER = {"role": "assistant", "content": "aerie probe answer 9c1e", "reasoning_content": "aerie probe reasoning 4b2d"}
+PROBE_CALL = {
+    "role": "assistant",
+    "content": "",
+    "reasoning_content": "aerie probe reasoning 5e8a",
+    "tool_calls": [{"id": "aerie_probe_id_3c7b", "type": "function",
+                    "function": {"name": "aerie_probe_function_6d1f", "arguments": "{}"}}],
+}
+#: What keeps every turn's reasoning in a render (Kimi's name for it; other templates ignore it).
+KEEP_REASONING = {"preserve_thinking": True}
 
 
 @dataclass(frozen=True)
-class Markers:
-    """What opens and closes an assistant turn, as the template renders them."""
+class Turn:
+    """One assistant turn as the target generated it, and where its reasoning is in that text."""
 
-    opening: str
-    closing: str
+    text: str
+    #: (start, end) of the reasoning within `text`; None when the turn has none.
+    reasoning: tuple[int, int] | None
 
 
 class ChatTemplate:
-    """Renders conversations with a tokenizer's chat template and finds the assistant spans."""
+    """Renders conversations the way the target's server does."""
 
-    def __init__(self, tokenizer: Any) -> None:
-        template = tokenizer.chat_template
-        if isinstance(template, dict):  # named templates: the default one is for chat
-            template = template.get("default")
-        if not template:
+    def __init__(self, tokenizer: Any, kwargs: dict[str, Any] | None = None) -> None:
+        if not getattr(tokenizer, "chat_template", None):
             raise PrepError(f"tokenizer {tokenizer.name_or_path!r} has no chat template")
-        self._compiled = _compile(template)
-        # The template may refer to bos_token and friends, as apply_chat_template allows.
-        self._extra = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
-        self.markers = self._probe()
-
-    def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None, generation_prompt: bool = False) -> str:
+        self.tokenizer = tokenizer
+        #: The server's `chat_template_kwargs` (e.g. ``{"thinking": False}``).
+        self.kwargs = dict(kwargs or {})
         try:
-            return self._compiled.render(
-                messages=messages, tools=tools, documents=None, add_generation_prompt=generation_prompt, **self._extra
+            bare = self.render([PROBE_USER])
+            prompted = self.render([PROBE_USER], generation_prompt=True)
+        except Skip as skip:
+            raise PrepError(f"the chat template fails on a one-question conversation: {skip.reason}") from None
+        if not prompted.startswith(bare) or prompted == bare:
+            raise PrepError("the chat template's generation prompt does not extend the conversation it follows")
+        #: What `add_generation_prompt` appends: the context ends with it, the turn follows it.
+        self.opening = prompted[len(bare):]
+        self.turns_alone = self._probe_turns_alone()
+        #: Whether the template renders a call's id in place of its function's name (Kimi's ids).
+        self.renders_call_ids = self._probe_call_ids()
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None, generation_prompt: bool = False,
+               **extra: Any) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt, **{**self.kwargs, **extra}
             )
         except Exception as exc:  # the template's own raise_exception, or a field it cannot read
             first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
             raise Skip(f"chat template error: {first_line[:80]}") from None
 
-    def render_with_spans(
-        self, messages: list[dict[str, Any]], tools: list[dict] | None = None
-    ) -> tuple[str, list[tuple[int, int]]]:
-        """The rendered conversation and the (start, end) character span of each assistant turn."""
-        text = self.render(messages, tools)
-        spans = self._spans_by_markers(text, messages) if self.markers else None
-        if spans is None:
-            spans = self._spans_by_prefixes(text, messages, tools)
-        return text, spans
+    def context(self, messages: list[dict[str, Any]], tools: list[dict] | None, keep_reasoning: bool = False) -> str:
+        """What the server renders when the target is asked for the turn after `messages`."""
+        return self.render(messages, tools, generation_prompt=True, **(KEEP_REASONING if keep_reasoning else {}))
 
-    def _probe(self) -> Markers | None:
-        user = [{"role": "user", "content": PROBE_USER}]
+    def turn(self, conversation: list[dict[str, Any]], index: int, tools: list[dict] | None) -> Turn:
+        """What the target generated for ``conversation[index]``, reasoning included."""
+        message = conversation[index]
+        if self.turns_alone:
+            text = self._after_opening(self.render([message], **KEEP_REASONING), self.opening)
+        else:
+            before = self.render(conversation[:index], tools, generation_prompt=True, **KEEP_REASONING)
+            text = self._after_opening(self.render(conversation[: index + 1], tools, **KEEP_REASONING), before)
+        reasoning = message.get("reasoning_content") or ""
+        if not reasoning:
+            return Turn(text, None)
+        at = text.find(reasoning)
+        if at < 0:
+            # NOTE: loud rather than a record that silently lacks the reasoning the row holds.
+            raise Skip("the chat template drops this turn's reasoning (thinking off?)")
+        return Turn(text, (at, at + len(reasoning)))
+
+    @staticmethod
+    def _after_opening(rendered: str, opening: str) -> str:
+        if not rendered.startswith(opening):
+            raise Skip("the chat template renders an assistant turn differently from its generation prompt")
+        return rendered[len(opening):]
+
+    def _probe_turns_alone(self) -> bool:
+        """Whether a turn rendered alone is exactly what the template renders for it in context."""
         try:
-            bare = self.render(user)
-            prompted = self.render(user, generation_prompt=True)
-            answered = self.render(user + [{"role": "assistant", "content": PROBE_ANSWER}])
-        except Skip as skip:
-            raise PrepError(f"the chat template fails on a one-question conversation: {skip.reason}") from None
-        opening = prompted[len(bare) :] if prompted.startswith(bare) else ""
-        at = answered.rfind(PROBE_ANSWER)
-        closing = answered[at + len(PROBE_ANSWER) :].rstrip() if at >= 0 else ""
-        if not opening or not closing or answered.rfind(opening, 0, at) < 0:
-            return None  # every record then takes the prefix way
-        return Markers(opening, closing)
+            for answer in (PROBE_ANSWER, PROBE_CALL):
+                whole = self.render([PROBE_USER, answer], **KEEP_REASONING)
+                context = self.render([PROBE_USER], generation_prompt=True, **KEEP_REASONING)
+                alone = self._after_opening(self.render([answer], **KEEP_REASONING), self.opening)
+                if whole != context + alone:
+                    return False
+        except Skip:
+            return False
+        return True
 
-    def _spans_by_markers(self, text: str, messages: list[dict[str, Any]]) -> list[tuple[int, int]] | None:
-        """Cut `text` at the markers; None unless each cut holds its message."""
-        opening, closing = self.markers.opening, self.markers.closing
-        answers = [m for m in messages if m["role"] == "assistant"]
-        if text.count(opening) != len(answers):
-            return None
-        spans, at = [], 0
-        for message in answers:
-            start = text.find(opening, at) + len(opening)
-            end = text.find(closing, start)
-            if end < 0:
-                return None
-            at = end + len(closing)
-            if not _holds(text[start:at], message) or opening in text[start:at]:
-                return None
-            spans.append((start, at))
-        return spans
-
-    def _spans_by_prefixes(
-        self, text: str, messages: list[dict[str, Any]], tools: list[dict] | None
-    ) -> list[tuple[int, int]]:
-        """Each assistant turn as the difference of two prefix renders (slow, but needs no markers)."""
-        spans = []
-        for i, message in enumerate(messages):
-            if message["role"] != "assistant":
-                continue
-            before = self.render(messages[:i], tools, generation_prompt=True)
-            through = self.render(messages[: i + 1], tools).rstrip()
-            if not (through.startswith(before) and text.startswith(through)) or not _holds(through[len(before) :], message):
-                raise Skip("assistant turn not found in the chat template's output")
-            spans.append((len(before), len(through)))
-        return spans
-
-
-def _holds(span: str, message: dict[str, Any]) -> bool:
-    """Whether `span` plausibly renders `message`: its text, or else its first tool call's name."""
-    content = message["content"].strip()
-    if content:
-        return content in span
-    calls = message.get("tool_calls") or []
-    return not calls or calls[0]["function"]["name"] in span
-
-
-def _compile(template: str) -> Any:
-    # NOTE: transformers' own compiler, so the template sees the same globals and
-    # filters (raise_exception, tojson, strftime_now) as under apply_chat_template;
-    # calling the compiled template directly skips per-call copying that costs
-    # a third of the render time.
-    from transformers.utils.chat_template_utils import _compile_jinja_template
-
-    return _compile_jinja_template(template)
+    def _probe_call_ids(self) -> bool:
+        try:
+            text = self.render([PROBE_USER, PROBE_CALL])
+        except Skip:
+            return False
+        call = PROBE_CALL["tool_calls"][0]
+        return call["id"] in text and call["function"]["name"] not in text

@@ -1,21 +1,39 @@
-"""Rendered conversations to token ids and a loss mask, a batch at a time.
+"""Training sequences to token ids and a loss mask, a batch at a time.
 
-The text is encoded whole, in one batched call of the fast tokenizer, so the
-tokens are exactly those the target sees; the assistant character spans are
-mapped to token indices with the encoding's own ``char_to_token`` (two lookups
-per turn, no per-token Python work).
+The ids are the tokenizer's own encoding of each sequence's whole text: what
+``tokenizer(text, add_special_tokens=False)`` gives (what
+``apply_chat_template(tokenize=True)`` gives), special-token strings in the text
+included. The mask is put on token boundaries, never guessed:
+
+- a tiktoken tokenizer (Kimi's: slow, no offsets) gives each token's bytes, so
+  the character spans map to token indices through the tokens' byte offsets;
+- any other tokenizer encodes the text again cut at the span boundaries, and
+  the pieces must concatenate to the whole text's ids.
+
+A span boundary inside a token skips the record with a reason: a wrong mask is
+worse than a lost record. Kimi's turns start after ``<think>`` and end with
+``<|im_end|>``, special tokens, so their boundaries always fall between tokens.
+
+NOTE: a slow tokenizer's ``__call__`` is several times slower than its
+``encode`` (Kimi's: 7x). ``encode`` is used when it gives the same ids on a probe
+text with special tokens, and checked against ``__call__`` on the first record
+of every batch; a mismatch switches the process to ``__call__`` for good, with
+a warning on stderr and a count in the manifest (``encoding.mismatches``).
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from remote.prep.normalise import Skip
+from remote.prep.sequences import Sequence
 
 Span = tuple[int, int]
+PROBE_TEXT = "aerie  probe\n\nhéllo 世界 ☃ 12345 {\"a\": [1, 2]}\t end"
 
 
 @dataclass
@@ -23,69 +41,178 @@ class Tokens:
     """One tokenised record."""
 
     input_ids: np.ndarray  # int32
-    loss_mask: np.ndarray  # int8, 1 on the tokens of assistant turns
+    loss_mask: np.ndarray  # int8, 1 on the tokens of the learned turns
+    reasoning_mask: np.ndarray  # bool, the reasoning among them (counted, not written)
     truncated: bool = False
 
 
+@dataclass
+class EncodingStats:
+    """How the ids were made, for the manifest: the method and the checks against ``__call__``."""
+
+    method: str = ""
+    checked: int = 0
+    mismatches: int = 0
+
+    def merge(self, other: "EncodingStats") -> None:
+        self.method = self.method or other.method
+        self.checked += other.checked
+        self.mismatches += other.mismatches
+
+
 class Encoder:
-    """Encodes texts and masks their spans, applying the length limit."""
+    """Encodes sequences and masks their spans, applying the length limit."""
 
     def __init__(self, tokenizer: Any, max_length: int, overlong: str = "truncate") -> None:
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.overlong = overlong
-        # NOTE: a tokenizer with no Rust backend (Kimi's tiktoken one under
-        # trust_remote_code may be one) has no offsets; it is encoded piecewise.
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._byte_lengths = _tiktoken_byte_lengths(tokenizer) if self._backend is None else None
+        self._quick = None if self._backend is not None else self._quick_encode()
+        self.stats = EncodingStats(self._method())
 
-    def encode(self, texts: list[str], spans: list[list[Span]]) -> list[Tokens | Skip]:
-        """A `Tokens` per text, or the `Skip` that says why it cannot be kept."""
-        if not texts:
+    def encode(self, batch: list[Sequence]) -> list[Tokens | Skip]:
+        """A `Tokens` per sequence, or the `Skip` that says why it cannot be kept."""
+        if not batch:
             return []
-        if self._backend is not None:
-            encoded = self._encode_fast(texts, spans)
-        else:
-            encoded = [self._encode_piecewise(t, s) for t, s in zip(texts, spans)]
-        return [self._limit(e) if isinstance(e, Tokens) else e for e in encoded]
-
-    def _encode_fast(self, texts: list[str], spans: list[list[Span]]) -> list[Tokens | Skip]:
-        out: list[Tokens | Skip] = []
-        for encoding, record_spans in zip(self._backend.encode_batch(texts, add_special_tokens=False), spans):
-            ids = np.array(encoding.ids, dtype=np.int32)
-            mask = np.zeros(len(ids), dtype=np.int8)
-            for start, end in record_spans:
-                first = _token_at(encoding, range(start, end))
-                last = _token_at(encoding, range(end - 1, start - 1, -1))
-                if first is not None and last is not None:
-                    mask[first : last + 1] = 1
-            out.append(Tokens(ids, mask) if mask.any() else Skip("no assistant tokens"))
+        texts = [s.text for s in batch]
+        ids = self._encode_texts(texts)
+        out = []
+        for sequence, record_ids in zip(batch, ids):
+            tokens = self._masked(sequence, np.asarray(record_ids, dtype=np.int32))
+            out.append(self._limit(tokens) if isinstance(tokens, Tokens) else tokens)
         return out
 
-    def _encode_piecewise(self, text: str, spans: list[Span]) -> Tokens | Skip:
-        cuts = [0] + [c for span in spans for c in span] + [len(text)]
+    def _method(self) -> str:
+        if self._backend is not None:
+            return "fast tokenizer, mask by pieces"
+        encoder = "encode" if self._quick is not None else "__call__"
+        return f"{encoder}, mask by " + ("token bytes" if self._byte_lengths is not None else "pieces")
+
+    # -- ids --------------------------------------------------------------------------------
+
+    def _own(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _quick_encode(self) -> Callable[[str], list[int]] | None:
+        """The tokenizer's `encode`, called the way that gives `__call__`'s ids on the probe, if any."""
+        probe = PROBE_TEXT + "".join(self.tokenizer.all_special_tokens) + PROBE_TEXT
+        expected = self._own(probe)
+        candidates = (lambda t: self.tokenizer.encode(t), lambda t: self.tokenizer.encode(t, add_special_tokens=False))
+        for candidate in candidates:
+            try:
+                if list(candidate(probe)) == list(expected):
+                    return candidate
+            except Exception:  # a signature it does not take: try the next
+                continue
+        return None
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+        if self._backend is not None:
+            return [e.ids for e in self._backend.encode_batch(texts, add_special_tokens=False)]
+        if self._quick is None:
+            return [self._own(t) for t in texts]
+        ids = [self._quick(t) for t in texts]
+        self.stats.checked += 1
+        if list(ids[0]) != list(self._own(texts[0])):
+            self.stats.mismatches += 1
+            self._quick = None
+            self.stats.method = self._method()
+            print("prep: WARNING: the tokenizer's encode() differs from its __call__ on a record; "
+                  "every later record is encoded with __call__ (slower)", file=sys.stderr)
+            return [self._own(t) for t in texts]
+        return ids
+
+    def _encode_pieces(self, pieces: list[str]) -> list[list[int]]:
+        if self._backend is not None:
+            return [e.ids for e in self._backend.encode_batch(pieces, add_special_tokens=False)]
+        encode = self._quick or self._own
+        return [list(encode(p)) if p else [] for p in pieces]
+
+    # -- mask -------------------------------------------------------------------------------
+
+    def _masked(self, sequence: Sequence, ids: np.ndarray) -> Tokens | Skip:
+        if self._byte_lengths is not None:
+            tokens = self._masked_by_bytes(sequence, ids)
+            if tokens is not None:
+                return tokens
+        tokens = self._masked_by_pieces(sequence, ids, with_reasoning=True)
+        if tokens is None:
+            # NOTE: a reasoning boundary inside a token costs the record only its reasoning count.
+            tokens = self._masked_by_pieces(sequence, ids, with_reasoning=False)
+        if tokens is None:
+            return Skip("a turn boundary falls inside a token")
+        return tokens
+
+    def _masked_by_bytes(self, sequence: Sequence, ids: np.ndarray) -> Tokens | Skip | None:
+        """The mask from each token's byte length; None when they do not add up to the text."""
+        text = sequence.text
+        if ids.size and int(ids.max()) >= len(self._byte_lengths):
+            return None
+        ends = np.cumsum(self._byte_lengths[ids]) if ids.size else np.zeros(0, dtype=np.int64)
+        ascii_text = text.isascii()
+        if (ends[-1] if ends.size else 0) != (len(text) if ascii_text else len(text.encode("utf-8"))):
+            return None
+
+        def token_index(char: int) -> int | None:
+            at = char if ascii_text else len(text[:char].encode("utf-8"))
+            index = int(np.searchsorted(ends, at, side="right"))
+            return index if at == 0 or (index and ends[index - 1] == at) else None
+
+        loss = np.zeros(len(ids), dtype=np.int8)
+        reasoning = np.zeros(len(ids), dtype=bool)
+        for spans, mask in ((sequence.spans, loss), (sequence.reasoning, reasoning)):
+            for start, end in spans:
+                first, last = token_index(start), token_index(end)
+                if first is None or last is None:
+                    if mask is loss:
+                        return Skip("a turn boundary falls inside a token")
+                    continue  # a reasoning boundary inside a token: not counted
+                mask[first:last] = 1
+        return Tokens(ids, loss, reasoning)
+
+    def _masked_by_pieces(self, sequence: Sequence, ids: np.ndarray, with_reasoning: bool) -> Tokens | None:
+        """The text encoded cut at every boundary; None unless the pieces give the whole's ids."""
+        text = sequence.text
+        spans = sequence.spans + (sequence.reasoning if with_reasoning else [])
+        cuts = sorted({0, len(text), *(c for span in spans for c in span)})
         pieces = [text[a:b] for a, b in zip(cuts, cuts[1:])]
-        piece_ids = self.tokenizer(pieces, add_special_tokens=False)["input_ids"]
-        whole = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        ids = [i for piece in piece_ids for i in piece]
-        if ids != whole:
-            return Skip("tokens differ when the text is cut at assistant turns")
-        # Pieces alternate: outside, span, outside, span, ..., outside.
-        mask = np.concatenate([np.full(len(p), k % 2, dtype=np.int8) for k, p in enumerate(piece_ids)])
-        return Tokens(np.array(ids, dtype=np.int32), mask)
+        piece_ids = self._encode_pieces(pieces)
+        if [i for piece in piece_ids for i in piece] != ids.tolist():
+            return None
+        loss = np.zeros(len(ids), dtype=np.int8)
+        reasoning = np.zeros(len(ids), dtype=bool)
+        at = 0
+        for (start, end), piece in zip(zip(cuts, cuts[1:]), piece_ids):
+            if any(a <= start and end <= b for a, b in sequence.spans):
+                loss[at : at + len(piece)] = 1
+            if with_reasoning and any(a <= start and end <= b for a, b in sequence.reasoning):
+                reasoning[at : at + len(piece)] = True
+            at += len(piece)
+        return Tokens(ids, loss, reasoning)
 
     def _limit(self, tokens: Tokens) -> Tokens | Skip:
+        if not tokens.loss_mask.any():
+            return Skip("no assistant tokens")
         if len(tokens.input_ids) <= self.max_length:
             return tokens
         if self.overlong == "drop":
             return Skip(f"longer than max_length ({self.max_length} tokens)")
-        kept = Tokens(tokens.input_ids[: self.max_length], tokens.loss_mask[: self.max_length], truncated=True)
+        n = self.max_length
+        kept = Tokens(tokens.input_ids[:n], tokens.loss_mask[:n], tokens.reasoning_mask[:n], truncated=True)
         return kept if kept.loss_mask.any() else Skip(f"no assistant tokens within max_length ({self.max_length})")
 
 
-def _token_at(encoding: Any, positions: range) -> int | None:
-    """The token holding the first of `positions` that any token holds."""
-    for position in positions:
-        token = encoding.char_to_token(position)
-        if token is not None:
-            return token
-    return None
+def _tiktoken_byte_lengths(tokenizer: Any) -> np.ndarray | None:
+    """Each token id's length in bytes, for a tokenizer over a tiktoken `Encoding` (Kimi's); else None."""
+    model = getattr(tokenizer, "model", None)
+    if not type(model).__module__.startswith("tiktoken"):
+        return None
+    lengths = np.zeros(model.n_vocab, dtype=np.int64)
+    for token in range(model.n_vocab):
+        try:
+            lengths[token] = len(model.decode_single_token_bytes(token))
+        except KeyError:  # an unused id: never produced, so its length never counts
+            pass
+    return lengths
