@@ -56,21 +56,105 @@ def masked_runs(tokenizer: Any, input_ids: Any, loss_mask: Any) -> list[str]:
     return [tokenizer.decode(run, skip_special_tokens=False) for run in runs]
 
 
-def expected_turns(conversation: list[dict[str, Any]]) -> list[str]:
-    """What the tiny template renders for each assistant turn, written out by hand from its rules."""
-    last_user = max((i for i, m in enumerate(conversation) if m["role"] == "user"), default=-1)
-    turns = []
-    for i, message in enumerate(conversation):
-        if message["role"] != "assistant":
-            continue
-        text = ""
-        if message.get("reasoning_content") and i > last_user:
-            text += f"<think>{message['reasoning_content']}</think>"
-        text += message["content"]
-        if message.get("tool_calls"):
-            text += "<|tool_calls_section_begin|>"
-            for call in message["tool_calls"]:
-                text += f"<|tool_call_begin|>{call['id']}<|tool_call_argument_begin|>{call['function']['arguments']}<|tool_call_end|>"
-            text += "<|tool_calls_section_end|>"
-        turns.append(text + "<|im_end|>")
-    return turns
+KIMI_DIR = REPO.parent / "shared" / "kimi-k2.5-tokenizer"
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Current weather for a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+#: Rows for the record-by-record checks, one per case the issue names (name -> row).
+FAITHFUL_ROWS: dict[str, dict[str, Any]] = {
+    "reasoning": {"id": "r", "messages": [
+        {"role": "user", "content": "What is 17 * 3?"},
+        {"role": "assistant", "content": "51.", "reasoning_content": "17 * 3 = 51, since 17 * 2 = 34 and 34 + 17 = 51."}]},
+    "inline_thinking": {"id": "i", "conversations": [
+        {"from": "human", "value": "Capital of France?"},
+        {"from": "gpt", "value": "<think>The capital of France is Paris.</think>Paris."},
+        {"from": "human", "value": "And of Italy?"},
+        {"from": "gpt", "value": "It is Rome, of course.</think>Rome."}]},
+    "multi_turn_reasoning": {"id": "m", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "First question?"},
+        {"role": "assistant", "content": "First answer.", "reasoning_content": "old thoughts about the first"},
+        {"role": "user", "content": "Second question?"},
+        {"role": "assistant", "content": "Second answer.", "reasoning_content": "thoughts about the second"},
+        {"role": "user", "content": "Third question?"},
+        {"role": "assistant", "content": "Third answer.", "reasoning_content": "new thoughts"}]},
+    "tools_with_call_ids": {"id": "t", "tools": [WEATHER_TOOL], "messages": [
+        {"role": "user", "content": "Compare Oslo and Rome, then tell me about Paris."},
+        {"role": "assistant", "content": "", "reasoning_content": "Two cities: two calls.", "tool_calls": [
+            {"id": "call_a1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}},
+            {"id": "call_b2", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_b2", "content": "clear, 19C"},
+        {"role": "tool", "tool_call_id": "call_a1", "content": "snow, 4C"},
+        {"role": "assistant", "content": "Oslo is snowy, Rome clear.", "reasoning_content": "Both answered."},
+        {"role": "user", "content": "And Paris?"},
+        {"role": "assistant", "content": "", "reasoning_content": "One more call.", "tool_calls": [
+            {"id": "call_c3", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "content": "sunny, 21C"},
+        {"role": "assistant", "content": "Paris is sunny.", "reasoning_content": "Done."}]},
+    "agent_ending_on_observation": {"id": "a", "messages": [
+        {"role": "system", "content": "Call a tool by writing <function=NAME>...</function>."},
+        {"role": "user", "content": "Fix the failing test."},
+        {"role": "assistant", "content": "<function=bash>pytest -x</function>", "reasoning_content": "Run the tests first."},
+        {"role": "user", "content": "OBSERVATION: 1 failed"},
+        {"role": "assistant", "content": "<function=bash>sed -i s/a/b/ f.py</function>", "reasoning_content": "The bug is in f.py."},
+        {"role": "user", "content": "OBSERVATION: done"}]},
+    "special_token_strings": {"id": "s", "messages": [
+        {"role": "user", "content": "What does <|im_end|> mean in <|im_assistant|>assistant<|im_middle|><think>?"},
+        {"role": "assistant", "content": "It ends a turn: <|im_end|> is special.", "reasoning_content": "Explain <|im_end|> and </think>."}]},
+}
+#: A row with an image: kept out with a reason (the draft is text-only).
+IMAGE_ROW = {"id": "img", "messages": [
+    {"role": "user", "content": [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "x"}}]},
+    {"role": "assistant", "content": "A cat."}]}
+
+
+def render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, prompt: bool, **kwargs: Any) -> str:
+    """The tokenizer's own `apply_chat_template`, called the way a server calls it."""
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=prompt, **kwargs)
+
+
+def own_ids(tokenizer: Any, text: str) -> list[int]:
+    """The tokenizer's own encoding of `text` (what `apply_chat_template(tokenize=True)` gives)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def generated(tokenizer: Any, conversation: list[dict[str, Any]], index: int, tools: Any, **kwargs: Any) -> str:
+    """What the target wrote for turn `index`: the difference of two in-context renders that keep reasoning."""
+    before = render(tokenizer, conversation[:index], tools, True, preserve_thinking=True, **kwargs)
+    through = render(tokenizer, conversation[: index + 1], tools, False, preserve_thinking=True, **kwargs)
+    assert through.startswith(before)
+    return through[len(before):]
+
+
+def check_records(tokenizer: Any, prepared: Prepared, **kwargs: Any) -> dict[str, list[int]]:
+    """Check every record against the tokenizer's own template and encoding; the turns each row learned.
+
+    For each record: its ids are the own encoding of (the context the server renders for its last
+    turn + that turn as generated); every masked run is some turn's generated text, right after the
+    context the server rendered for that turn; nothing else is masked. Across a row's records every
+    assistant turn is learned exactly once.
+    """
+    learned: dict[str, list[int]] = {}
+    for record, tokens in zip(prepared.records, prepared.tokens):
+        conversation, tools = record.conversations, record.tools
+        last = len(conversation) - 1
+        text = render(tokenizer, conversation[:last], tools, True, **kwargs) + generated(tokenizer, conversation, last, tools, **kwargs)
+        ids = tokens.input_ids.tolist()
+        assert ids == own_ids(tokenizer, text), record.id
+        contexts = {render(tokenizer, conversation[:i], tools, True, **kwargs): i
+                    for i, m in enumerate(conversation) if m["role"] == "assistant"}
+        mask = tokens.loss_mask.tolist()
+        starts = [k for k in range(len(mask)) if mask[k] and (k == 0 or not mask[k - 1])]
+        for start in starts:
+            end = next((k for k in range(start, len(mask)) if not mask[k]), len(mask))
+            before = tokenizer.decode(ids[:start], skip_special_tokens=False)
+            assert before in contexts, f"{record.id}: a masked run does not follow a context the server rendered"
+            turn = contexts[before]
+            assert tokenizer.decode(ids[start:end], skip_special_tokens=False) == generated(tokenizer, conversation, turn, tools, **kwargs)
+            learned.setdefault(record.id.split("#")[0], []).append(turn)
+    return {row: sorted(turns) for row, turns in learned.items()}
+
+
+def assistant_turns(conversation: list[dict[str, Any]]) -> list[int]:
+    return [i for i, m in enumerate(conversation) if m["role"] == "assistant"]

@@ -1,4 +1,7 @@
-"""The loss mask covers exactly what the assistant turns render, for a template without generation markers."""
+"""The records are what the target saw and wrote, for a template without generation markers (the tiny one).
+
+The same checks run against Kimi-K2.5's real tokenizer in test_prep_kimi.py.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +9,11 @@ import re
 
 import pytest
 
-from remote.prep.template import ChatTemplate, Markers
-from tests.prep_fixtures import expected_turns, masked_runs, prepare, read_rows, tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401
+from remote.prep.template import ChatTemplate
+from tests.prep_fixtures import (  # noqa: F401
+    FAITHFUL_ROWS, IMAGE_ROW, assistant_turns, check_records, masked_runs, prepare, read_rows, tiny_tokenizer,
+    tiny_tokenizer_dir,
+)
 
 NATIVE_FIXTURES = [
     "sharegpt.jsonl",
@@ -20,38 +26,83 @@ NATIVE_FIXTURES = [
 ]
 
 
-def test_the_tiny_template_has_no_generation_markers_and_its_turn_markers_are_found(tiny_tokenizer):
+def test_the_tiny_template_has_no_generation_markers_and_behaves_like_kimis(tiny_tokenizer):
     assert not re.search(r"\{%-?\s*generation", tiny_tokenizer.chat_template)
-    assert ChatTemplate(tiny_tokenizer).markers == Markers("<|im_assistant|>assistant<|im_middle|>", "<|im_end|>")
+    template = ChatTemplate(tiny_tokenizer)
+    assert template.opening == "<|im_assistant|>assistant<|im_middle|><think>"
+    assert template.turns_alone and template.renders_call_ids
+    assert ChatTemplate(tiny_tokenizer, {"thinking": False}).opening == "<|im_assistant|>assistant<|im_middle|><think></think>"
 
 
 @pytest.mark.parametrize("fixture", NATIVE_FIXTURES)
-def test_masked_tokens_decode_to_exactly_the_assistant_turns(tiny_tokenizer, fixture):
+def test_every_record_is_the_servers_context_and_the_turns_it_learns(tiny_tokenizer, fixture):
     rows = read_rows(fixture)
     prepared = prepare(tiny_tokenizer, rows)
     assert prepared.summary.kept == len(rows), prepared.summary.skip_reasons
-    for record, tokens in zip(prepared.records, prepared.tokens):
-        assert masked_runs(tiny_tokenizer, tokens.input_ids, tokens.loss_mask) == expected_turns(record.conversations)
+    learned = check_records(tiny_tokenizer, prepared)
+    for record in prepared.records:
+        if "#" not in record.id:  # the record of the row's last turn holds the whole conversation it learns
+            assert learned[record.id] == assistant_turns(record.conversations), record.id
 
 
-@pytest.mark.parametrize("fixture", NATIVE_FIXTURES)
-def test_nothing_of_system_user_or_tool_turns_is_masked(tiny_tokenizer, fixture):
-    prepared = prepare(tiny_tokenizer, read_rows(fixture))
-    for record, tokens in zip(prepared.records, prepared.tokens):
-        masked = "".join(masked_runs(tiny_tokenizer, tokens.input_ids, tokens.loss_mask))
-        assert "<|im_user|>" not in masked and "<|im_system|>" not in masked
-        for turn in record.conversations:
-            if turn["role"] != "assistant" and len(turn["content"]) > 20:
-                assert turn["content"] not in masked
+@pytest.mark.parametrize("case", sorted(FAITHFUL_ROWS))
+def test_every_case_learns_every_assistant_turn_once(tiny_tokenizer, case):
+    prepared = prepare(tiny_tokenizer, [FAITHFUL_ROWS[case]])
+    assert prepared.summary.kept == 1, prepared.summary.skip_reasons
+    [(row_id, turns)] = check_records(tiny_tokenizer, prepared).items()
+    whole = next(r for r in prepared.records if r.id == row_id)
+    assert turns == assistant_turns(whole.conversations)
 
 
-def test_tokens_are_those_of_the_tokenizers_own_chat_template(tiny_tokenizer):
-    row = read_rows("openai_tools.jsonl")[0]
-    prepared = prepare(tiny_tokenizer, [row])
-    record = prepared.records[0]
-    expected = tiny_tokenizer.apply_chat_template(record.conversations, tools=record.tools, tokenize=True)
-    expected = expected["input_ids"] if isinstance(expected, dict) or hasattr(expected, "keys") else expected
-    assert prepared.tokens[0].input_ids.tolist() == list(expected)
+def test_a_turn_whose_reasoning_a_later_context_strips_gets_a_record_of_its_own(tiny_tokenizer):
+    prepared = prepare(tiny_tokenizer, [FAITHFUL_ROWS["multi_turn_reasoning"]])
+    assert [r.id for r in prepared.records] == ["m#2", "m#4", "m"]
+    runs = [masked_runs(tiny_tokenizer, t.input_ids, t.loss_mask) for t in prepared.tokens]
+    assert runs == [
+        ["old thoughts about the first</think>First answer.<|im_end|>"],
+        ["thoughts about the second</think>Second answer.<|im_end|>"],
+        ["new thoughts</think>Third answer.<|im_end|>"],
+    ]
+    # The last record's context is the server's: earlier reasoning stripped, as Kimi's template does.
+    assert "old thoughts" not in tiny_tokenizer.decode(prepared.tokens[2].input_ids.tolist())
+    summary = prepared.summary
+    assert (summary.kept, summary.records, summary.assistant_turns, summary.turns_expanded) == (1, 3, 3, 2)
+    assert summary.reasoning_tokens == sum(int(t.reasoning_mask.sum()) for t in prepared.tokens) > 0
+
+
+def test_with_reasoning_preserve_a_row_is_one_record_whose_context_keeps_earlier_reasoning(tiny_tokenizer):
+    prepared = prepare(tiny_tokenizer, [FAITHFUL_ROWS["multi_turn_reasoning"]], reasoning="preserve")
+    assert [r.id for r in prepared.records] == ["m"]
+    assert len(masked_runs(tiny_tokenizer, prepared.tokens[0].input_ids, prepared.tokens[0].loss_mask)) == 3
+    assert prepared.summary.turns_expanded == 0
+
+
+def test_an_agents_chain_of_tool_calls_is_one_record(tiny_tokenizer):
+    prepared = prepare(tiny_tokenizer, [FAITHFUL_ROWS["tools_with_call_ids"]])
+    # The first answer has no tool call, so the later context strips the calls' reasoning before it.
+    assert [r.id for r in prepared.records] == ["t#4", "t"]
+    assert [len(masked_runs(tiny_tokenizer, t.input_ids, t.loss_mask)) for t in prepared.tokens] == [2, 2]
+
+
+def test_call_ids_become_kimis_and_the_results_answer_them(tiny_tokenizer):
+    record = prepare(tiny_tokenizer, [FAITHFUL_ROWS["tools_with_call_ids"]]).records[-1]
+    calls = [c["id"] for m in record.conversations for c in m.get("tool_calls") or []]
+    assert calls == ["functions.get_weather:0", "functions.get_weather:1", "functions.get_weather:2"]
+    results = [m["tool_call_id"] for m in record.conversations if m["role"] == "tool"]
+    assert results == ["functions.get_weather:1", "functions.get_weather:0", "functions.get_weather:2"]
+
+
+def test_inline_thinking_is_learned_as_reasoning(tiny_tokenizer):
+    prepared = prepare(tiny_tokenizer, [FAITHFUL_ROWS["inline_thinking"]])
+    assert [m.get("reasoning_content") for m in prepared.records[-1].conversations if m["role"] == "assistant"] == [
+        "The capital of France is Paris.", "It is Rome, of course."]
+    runs = [run for t in prepared.tokens for run in masked_runs(tiny_tokenizer, t.input_ids, t.loss_mask)]
+    assert runs == ["The capital of France is Paris.</think>Paris.<|im_end|>", "It is Rome, of course.</think>Rome.<|im_end|>"]
+
+
+def test_an_image_part_skips_the_row_with_a_reason(tiny_tokenizer):
+    prepared = prepare(tiny_tokenizer, [IMAGE_ROW])
+    assert prepared.summary.skip_reasons == {"non-text content part (image_url)": 1}
 
 
 def test_every_assistant_turn_of_a_long_agent_trajectory_is_masked(tiny_tokenizer):
@@ -63,26 +114,10 @@ def test_every_assistant_turn_of_a_long_agent_trajectory_is_masked(tiny_tokenize
     assert "OBSERVATION" not in "".join(runs)
 
 
-def test_reasoning_the_template_drops_from_earlier_turns_is_not_in_the_mask(tiny_tokenizer):
-    row = {
-        "messages": [
-            {"role": "user", "content": "First question?"},
-            {"role": "assistant", "content": "First answer.", "reasoning_content": "old thoughts"},
-            {"role": "user", "content": "Second question?"},
-            {"role": "assistant", "content": "Second answer.", "reasoning_content": "new thoughts"},
-        ]
-    }
-    tokens = prepare(tiny_tokenizer, [row]).tokens[0]
-    assert masked_runs(tiny_tokenizer, tokens.input_ids, tokens.loss_mask) == [
-        "First answer.<|im_end|>",
-        "<think>new thoughts</think>Second answer.<|im_end|>",
-    ]
-
-
 def test_an_answer_that_contains_the_closing_marker_is_still_masked_whole(tiny_tokenizer):
     row = {"messages": [{"role": "user", "content": "Quote it."}, {"role": "assistant", "content": "It ends with <|im_end|> here."}]}
     tokens = prepare(tiny_tokenizer, [row]).tokens[0]
-    assert masked_runs(tiny_tokenizer, tokens.input_ids, tokens.loss_mask) == ["It ends with <|im_end|> here.<|im_end|>"]
+    assert masked_runs(tiny_tokenizer, tokens.input_ids, tokens.loss_mask) == ["</think>It ends with <|im_end|> here.<|im_end|>"]
 
 
 def test_overlong_records_are_truncated_and_counted(tiny_tokenizer):
@@ -122,17 +157,11 @@ def test_a_template_error_skips_the_row_with_the_templates_message(tiny_tokenize
     assert getattr(caught.value, "reason", "") == "chat template error: unknown role critic"
 
 
-def test_a_tokenizer_without_offsets_is_encoded_piecewise_to_the_same_tokens_and_mask(tiny_tokenizer):
-    # Kimi's tiktoken tokenizer (trust_remote_code) may have no Rust backend, hence no char_to_token.
+def test_a_boundary_inside_a_token_skips_the_record_rather_than_guess(tiny_tokenizer):
+    from remote.prep.sequences import Sequence
     from remote.prep.tokenise import Encoder
 
-    rows = read_rows("openai_tools.jsonl") + read_rows("agent_trajectory.jsonl")
-    fast = prepare(tiny_tokenizer, rows)
-    preparer_template = ChatTemplate(tiny_tokenizer)
-    rendered = [preparer_template.render_with_spans(r.conversations, r.tools) for r in fast.records]
-    encoder = Encoder(tiny_tokenizer, max_length=4096)
-    encoder._backend = None
-    piecewise = encoder.encode([text for text, _ in rendered], [spans for _, spans in rendered])
-    for a, b in zip(fast.tokens, piecewise):
-        assert a.input_ids.tolist() == b.input_ids.tolist()
-        assert a.loss_mask.tolist() == b.loss_mask.tolist()
+    text = "<|im_user|>user<|im_middle|>hello world<|im_end|>"
+    inside = text.index("world") + 2
+    [result] = Encoder(tiny_tokenizer, 4096).encode([Sequence([], text, [(inside, len(text))])])
+    assert getattr(result, "reason", None) == "a turn boundary falls inside a token"
