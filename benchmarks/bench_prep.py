@@ -1,11 +1,18 @@
-"""Speed of prep's tokenise-and-mask path, against the plain batch encoding of the same text.
+"""Speed of prep with Kimi-K2.5's real tokenizer, against the plain loop a user would write.
 
-The limit on a machine is what the fast tokenizer does alone: ``tokenizer(texts)``
-over the rendered conversations (and, stricter, its Rust backend's
-``encode_batch`` with no Python lists built). Prep also normalises, renders the
-template, finds the assistant spans and builds the mask; `ratio` says how much
-of the ``tokenizer(texts)`` limit it keeps (aim: 0.75 or more). The same run
-with more processes shows scaling.
+The baseline is one process looping ``apply_chat_template(conversation,
+tokenize=False)`` and ``encode`` over the same rows with the same tokenizer
+(slow, tiktoken, no offsets): what it costs just to render and encode them.
+Prep also normalises each row, renders the context the server rendered for
+each assistant turn and the turn itself, learns every reasoning token (the
+plain loop keeps none: Kimi's template strips the reasoning of a whole
+conversation's last turn), and masks the turns on token boundaries. `ratio` is
+baseline time / prep time in one process (aim: 0.75 or more); the same run
+with two processes shows scaling.
+
+Rows: two-turn reasoning conversations (user, assistant with
+``reasoning_content``), and a smaller set of three-exchange reasoning chats
+whose earlier turns each need a record of their own ("turns expanded").
 
 Usage: ``python -m benchmarks.bench_prep`` (prints JSON), or ``run()`` from `inv bench`.
 """
@@ -14,30 +21,24 @@ from __future__ import annotations
 
 import json
 import random
-import tempfile
 import time
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from local.inventory import Prep
-from remote.prep.pipeline import Preparer, run_prep
+from remote.prep.pipeline import run_prep
 from remote.prep.settings import PrepSettings, Target
-from remote.tiny_tokenizer import build_tokenizer
 
+KIMI_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "kimi-k2.5-tokenizer"
 WORDS = (
     "the model reads a file then runs the tests and fixes the parser because the output was wrong "
-    "we compute the sum of the values and return a list of results for each user in the table"
+    "we compute the sum of the values and return a list of results for each user in the table "
+    "so first let me check whether x equals 4 and then verify 2x + 3 = 11 holds"
 ).split()
 
 
-def _settings(**values: Any) -> PrepSettings:
-    """Prep's settings as the workstation sends them: the inventory's defaults, then these."""
-    return PrepSettings.from_config({**Prep().model_dump(exclude={"command", "stall_after"}), **values})
-
-
-def conversations(records: int, seed: int = 0) -> list[dict[str, Any]]:
-    """`records` ShareGPT-style rows of 2 to 6 exchanges, deterministic for a seed."""
+def reasoning_rows(records: int, exchanges: int = 1, seed: int = 0) -> list[dict[str, Any]]:
+    """`records` OpenAI-style rows of `exchanges` user/assistant pairs, each answer with reasoning."""
     rng = random.Random(seed)
 
     def text(lo: int, hi: int) -> str:
@@ -45,64 +46,69 @@ def conversations(records: int, seed: int = 0) -> list[dict[str, Any]]:
 
     rows = []
     for i in range(records):
-        turns = [{"from": "system", "value": text(5, 20)}]
-        for _ in range(rng.randint(2, 6)):
-            turns.append({"from": "human", "value": text(10, 60)})
-            turns.append({"from": "gpt", "value": text(20, 150)})
-        rows.append({"id": f"bench-{i}", "conversations": turns})
+        messages = []
+        for _ in range(exchanges):
+            messages.append({"role": "user", "content": text(10, 80)})
+            messages.append({"role": "assistant", "content": text(20, 200), "reasoning_content": text(100, 800)})
+        rows.append({"id": f"bench-{i}", "messages": messages})
     return rows
 
 
-def run(records: int = 3000, num_proc: int = 1) -> dict[str, Any]:
-    """Records/s and tokens/s of prep and of the plain encoding; prep at 1 and `num_proc` processes."""
-    with tempfile.TemporaryDirectory() as tmp:
-        target = Target(str(build_tokenizer(Path(tmp) / "tokenizer")))
-        rows = conversations(records)
-        settings = _settings(max_length=1 << 20)
-        preparer = Preparer("native", "bench", target, settings)
-        texts = [preparer.template.render(conversation) for conversation in _normalised(rows)]
-
-        batch = settings.batch_size
-        backend = preparer.tokenizer.backend_tokenizer
-        procs = sorted({1, num_proc})
-        work: dict[str, Callable[[], Any]] = {
-            "plain": lambda: [preparer.tokenizer(texts[i : i + batch]) for i in range(0, len(texts), batch)],
-            # NOTE: `tokenizer(texts)` also builds Python lists and attention masks;
-            # the Rust backend alone is the stricter limit, reported beside it.
-            "backend_only": lambda: [backend.encode_batch(texts[i : i + batch]) for i in range(0, len(texts), batch)],
-        }
-        for n in procs:
-            work[f"prep_num_proc_{n}"] = partial(_prep, rows, target, _settings(max_length=1 << 20, num_proc=n))
-        seconds, results = _best_interleaved(work)
-        tokens = sum(len(ids) for ids in preparer.tokenizer(texts)["input_ids"])
-
-        result: dict[str, Any] = {"records": records, "tokens": tokens}
-        for name, elapsed in seconds.items():
-            result[name] = _rates(records, tokens, elapsed)
-        for n in procs:
-            summary = results[f"prep_num_proc_{n}"]
-            assert summary.kept == records and summary.tokens == tokens, "prep and plain encodings disagree"
-            result[f"prep_num_proc_{n}"]["ratio_to_plain"] = round(seconds["plain"] / seconds[f"prep_num_proc_{n}"], 3)
-            result[f"prep_num_proc_{n}"]["ratio_to_backend_only"] = round(
-                seconds["backend_only"] / seconds[f"prep_num_proc_{n}"], 3
-            )
-        result["ratio"] = result["prep_num_proc_1"]["ratio_to_plain"]
-        return result
+def run(records: int = 3000, num_proc: int = 2) -> dict[str, Any]:
+    """Rows/s and tokens/s of the plain loop and of prep (1 and `num_proc` processes), and their ratios."""
+    if not (KIMI_DIR / "tiktoken.model").is_file():
+        return {"error": f"Kimi-K2.5's tokenizer is not at {KIMI_DIR}: nothing measured"}
+    target = Target(str(KIMI_DIR), trust_remote_code=True)
+    tokenizer = target.load()
+    result: dict[str, Any] = {"tokenizer": "Kimi-K2.5 (TikTokenTokenizer, slow)"}
+    for name, rows in (("two_turn_reasoning", reasoning_rows(records)),
+                       ("three_exchange_reasoning", reasoning_rows(records // 6, exchanges=3, seed=1))):
+        result[name] = _measure(tokenizer, target, rows, num_proc)
+    result["ratio"] = result["two_turn_reasoning"]["prep_num_proc_1"]["ratio_to_plain"]
+    return result
 
 
-def _normalised(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The normalised conversations of `rows`, as prep renders them."""
-    from remote.prep.normalise import normalise
+def _measure(tokenizer: Any, target: Target, rows: list[dict[str, Any]], num_proc: int) -> dict[str, Any]:
+    settings = PrepSettings(max_length=1 << 20)
+    work: dict[str, Callable[[], Any]] = {"plain": partial(_plain, tokenizer, rows)}
+    procs = sorted({1, num_proc})
+    for n in procs:
+        work[f"prep_num_proc_{n}"] = partial(_prep, rows, target, tokenizer, PrepSettings(max_length=1 << 20, num_proc=n))
+    seconds, results = _best_interleaved(work)
+    plain_tokens = results["plain"]
+    summary = results["prep_num_proc_1"]
+    assert summary.kept == len(rows), f"prep kept {summary.kept} of {len(rows)} rows: {dict(summary.skip_reasons)}"
+    out: dict[str, Any] = {
+        "rows": len(rows),
+        "plain": {**_rates(len(rows), plain_tokens, seconds["plain"]), "tokens": plain_tokens},
+        "prep_records": summary.records,
+        "prep_tokens": summary.tokens,
+        "prep_learned_tokens": summary.loss_tokens,
+        "prep_reasoning_tokens": summary.reasoning_tokens,
+        "turns_expanded": summary.turns_expanded,
+    }
+    for n in procs:
+        name = f"prep_num_proc_{n}"
+        out[name] = {**_rates(len(rows), summary.tokens, seconds[name]),
+                     "ratio_to_plain": round(seconds["plain"] / seconds[name], 3)}
+    return out
 
-    return [normalise(row, i).conversations for i, row in enumerate(rows)]
+
+def _plain(tokenizer: Any, rows: list[dict[str, Any]]) -> int:
+    """The baseline: render each conversation and encode it, nothing else; its token count."""
+    tokens = 0
+    for row in rows:
+        text = tokenizer.apply_chat_template(row["messages"], tokenize=False, add_generation_prompt=False)
+        tokens += len(tokenizer.encode(text))
+    return tokens
 
 
-def _rates(records: int, tokens: int, seconds: float) -> dict[str, float]:
-    return {"seconds": round(seconds, 3), "records_per_s": round(records / seconds), "tokens_per_s": round(tokens / seconds)}
+def _prep(rows: list[dict[str, Any]], target: Target, tokenizer: Any, settings: PrepSettings) -> Any:
+    return run_prep(rows, ("native", "bench", target, settings, tokenizer), settings)
 
 
-def _prep(rows: list[dict[str, Any]], target: Target, settings: PrepSettings) -> Any:
-    return run_prep(rows, ("native", "bench", target, settings), settings)
+def _rates(rows: int, tokens: int, seconds: float) -> dict[str, float]:
+    return {"seconds": round(seconds, 3), "rows_per_s": round(rows / seconds), "tokens_per_s": round(tokens / seconds)}
 
 
 def _best_interleaved(work: dict[str, Callable[[], Any]], rounds: int = 3) -> tuple[dict[str, float], dict[str, Any]]:
@@ -119,4 +125,4 @@ def _best_interleaved(work: dict[str, Callable[[], Any]], rounds: int = 3) -> tu
 
 
 if __name__ == "__main__":
-    print(json.dumps(run(num_proc=2), indent=2))
+    print(json.dumps(run(), indent=2))

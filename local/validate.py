@@ -65,15 +65,25 @@ def validate(inventory: Inventory) -> list[dict[str, Any]]:
 def render(entries: list[dict[str, Any]]) -> Table:
     table = Table(title="prep over local samples", title_justify="left")
     for header, justify in (("dataset", "left"), ("kind", "left"), ("formats", "left"), ("rows", "right"),
-                            ("kept", "right"), ("skipped (top reasons)", "left"), ("mean tokens", "right")):
+                            ("kept", "right"), ("skipped (top reasons)", "left"), ("records", "right"),
+                            ("turns (expanded)", "right"), ("learned tokens (reasoning)", "right"), ("mean tokens", "right")):
         table.add_column(header, justify=justify)  # type: ignore[arg-type]
     for entry in entries:
         reasons = ", ".join(f"{reason} ×{count}" for reason, count in list(entry["skip_reasons"].items())[:3])
         kept = Text(str(entry["kept"]), "bold red" if not entry["kept"] else "green")
         table.add_row(entry["dataset"], entry["kind"], ", ".join(entry["formats"]) or "-", str(entry["rows"]), kept,
                       Text(entry["error"], "red") if entry["error"] else Text(f"{entry['skipped']} {reasons}".strip()),
-                      f"{entry['mean_tokens']:.0f}" if entry.get("mean_tokens") else "-")
+                      *_learned(entry), f"{entry['mean_tokens']:.0f}" if entry.get("mean_tokens") else "-")
     return table
+
+
+def _learned(entry: dict[str, Any]) -> tuple[str, str, str]:
+    """Records, assistant turns (those that took a record of their own) and learned tokens (of reasoning)."""
+    if not entry.get("records"):
+        return "-", "-", "-"
+    turns = f"{entry.get('assistant_turns', 0)} ({entry.get('turns_expanded', 0)})"
+    learned = f"{entry.get('learned_tokens', 0)} ({entry.get('reasoning_tokens', 0)})" if entry.get("learned_tokens") else "-"
+    return str(entry["records"]), turns, learned
 
 
 def check(inventory: Inventory, console: Console, as_json: bool = False) -> list[dict[str, Any]]:

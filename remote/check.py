@@ -16,7 +16,8 @@ from typing import Any
 
 from remote import server
 
-PACKAGES = ("datasets", "transformers", "tokenizers", "torch", "pyarrow", "safetensors")
+# NOTE: tiktoken is what Kimi-K2.5's own tokenizer (trust_remote_code) is built on.
+PACKAGES = ("datasets", "transformers", "tokenizers", "tiktoken", "torch", "pyarrow", "safetensors")
 BYTES_PER_VALUE = 2  # bf16 hidden states
 
 

@@ -93,8 +93,7 @@ def test_the_tiny_tokenizer_is_small_deterministic_and_kimi_shaped(tmp_path, tin
         tokenize=False,
     )
     assert text == (
-        "<|im_system|>system<|im_middle|>You are a helpful assistant.<|im_end|>"
         "<|im_user|>user<|im_middle|>hi<|im_end|>"
-        "<|im_assistant|>assistant<|im_middle|>hello<|im_end|>"
+        "<|im_assistant|>assistant<|im_middle|><think></think>hello<|im_end|>"
         "<|im_system|>tool<|im_middle|>## Return of t:0\nok<|im_end|>"
     )

@@ -62,6 +62,7 @@ class ChatTemplate:
         #: What `add_generation_prompt` appends: the context ends with it, the turn follows it.
         self.opening = prompted[len(bare):]
         self.turns_alone = self._probe_turns_alone()
+        self._direct = self._probe_direct() if self.turns_alone else None
         #: Whether the template renders a call's id in place of its function's name (Kimi's ids).
         self.renders_call_ids = self._probe_call_ids()
 
@@ -83,7 +84,8 @@ class ChatTemplate:
         """What the target generated for ``conversation[index]``, reasoning included."""
         message = conversation[index]
         if self.turns_alone:
-            text = self._after_opening(self.render([message], **KEEP_REASONING), self.opening)
+            alone = self._direct_render([message]) if self._direct is not None else self.render([message], **KEEP_REASONING)
+            text = self._after_opening(alone, self.opening)
         else:
             before = self.render(conversation[:index], tools, generation_prompt=True, **KEEP_REASONING)
             text = self._after_opening(self.render(conversation[: index + 1], tools, **KEEP_REASONING), before)
@@ -114,6 +116,30 @@ class ChatTemplate:
         except Skip:
             return False
         return True
+
+    def _direct_render(self, messages: list[dict[str, Any]]) -> str:
+        try:
+            return self._direct.render(messages=messages, tools=None, add_generation_prompt=False,
+                                       **{**self._special, **self.kwargs, **KEEP_REASONING})
+        except Exception as exc:
+            first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise Skip(f"chat template error: {first_line[:80]}") from None
+
+    def _probe_direct(self) -> Any:
+        """The compiled template, when rendering a lone turn with it directly (a third of the cost of
+        `apply_chat_template`, whose per-call work is for tools and documents, which a lone turn has
+        none of) gives the same text as `apply_chat_template` on the probes; else None."""
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+
+            self._direct = _compile_jinja_template(self.tokenizer.chat_template)
+            self._special = {k: v for k, v in self.tokenizer.special_tokens_map.items() if isinstance(v, str)}
+            for answer in (PROBE_ANSWER, PROBE_CALL, {"role": "assistant", "content": "aerie <|im_end|> probe"}):
+                if self._direct_render([answer]) != self.render([answer], **KEEP_REASONING):
+                    return None
+        except Exception:  # a template transformers compiles differently, a private API moved: the sure way
+            return None
+        return self._direct
 
     def _probe_call_ids(self) -> bool:
         try:

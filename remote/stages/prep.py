@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from remote.prep.errors import PrepError
@@ -19,7 +19,7 @@ from remote.prep.load import Source, iter_rows
 from remote.prep.pipeline import Summary, kept_ratio_failure, run_prep
 from remote.prep.settings import PrepSettings, Target
 from remote.prep.write import OutputWriter
-from remote.progress import Progress
+from remote.progress import Progress, read_json
 from remote.stages import StageContext
 
 KINDS = ("native", "prompts")
@@ -42,7 +42,7 @@ def run(ctx: StageContext) -> int:
     """Prep the dataset of `ctx` into `ctx.output`; the exit code."""
     if ctx.kind not in KINDS:
         raise PrepError(f"datasets.{ctx.dataset}.kind must be one of {', '.join(KINDS)} (got {ctx.kind!r})")
-    settings = PrepSettings.from_config(ctx.stage_config)
+    settings = _with_infer_kwargs(ctx, PrepSettings.from_config(ctx.stage_config))
     source = Source.from_config(ctx.source or ctx.dataset_config.get("source", ""), ctx.dataset_config)
     target = Target.from_config(ctx.shared_config.get("target") or {})
     started = time.time()
@@ -61,10 +61,23 @@ def run(ctx: StageContext) -> int:
             print(f"prep {ctx.dataset}: {failure}", file=sys.stderr)
             return 1
         writer.commit(_manifest(ctx, source, target, settings, summary, time.time() - started))
-        line = f"kept {summary.kept} of {summary.rows} rows, {summary.tokens} tokens"
+        line = (f"kept {summary.kept} of {summary.rows} rows: {summary.records} records, {summary.tokens} tokens, "
+                f"{summary.loss_tokens} learned ({summary.reasoning_tokens} of reasoning)")
         progress.note(line)
         print(f"prep {ctx.dataset}: {line}; skipped {dict(summary.top_reasons())}")
     return 0
+
+
+def _with_infer_kwargs(ctx: StageContext, settings: PrepSettings) -> PrepSettings:
+    """For the tokenize stage, the chat template kwargs the infer stage's server used: its answers
+    were generated after contexts rendered with them, so the records' contexts must be too."""
+    if ctx.stage != "tokenize":
+        return settings
+    manifest = read_json(ctx.upstream("infer") / "manifest.json")
+    used = ((manifest or {}).get("sampling") or {}).get("chat_template_kwargs") if isinstance(manifest, dict) else None
+    if not isinstance(used, dict):
+        return settings
+    return replace(settings, chat_template_kwargs={**settings.chat_template_kwargs, **used})
 
 
 def _manifest(
@@ -77,6 +90,7 @@ def _manifest(
         "source": asdict(source),
         **summary.counts(),
         "tokens": summary.token_stats(),
+        "encoding": asdict(summary.encoding),
         "tokenizer": target.tokenizer,
         "trust_remote_code": target.trust_remote_code,
         "settings": asdict(settings),
