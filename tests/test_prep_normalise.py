@@ -197,3 +197,30 @@ def test_records_in_specforge_layout_as_the_infer_stage_writes_them_are_read_bac
     normalised = normalise(record, 0)
     assert normalised.format == "specforge"
     assert normalised.to_json() == record
+
+
+@pytest.mark.parametrize(
+    ("content", "reasoning", "answer"),
+    [
+        ("<think>Paris is the capital.</think>Paris.", "Paris is the capital.", "Paris."),
+        ("\n<think>\nstep one\n</think>\n\nDone.", "\nstep one\n", "\n\nDone."),
+        ("It is Rome.</think>Rome.", "It is Rome.", "Rome."),  # Kimi's prompt opened <think> already
+        ("<think></think>Only an answer.", None, "Only an answer."),
+    ],
+)
+def test_inline_reasoning_in_the_content_is_split_into_reasoning_and_the_answer_as_written(content, reasoning, answer):
+    record = normalise({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": content}]}, 0)
+    turn = record.conversations[1]
+    assert (turn.get("reasoning_content"), turn["content"]) == (reasoning, answer)
+
+
+@pytest.mark.parametrize("content", ["Use <think> tags like this.", "A <think> in the middle, then </think> later."])
+def test_content_that_only_mentions_the_tags_is_left_as_written(content):
+    record = normalise({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": content}]}, 0)
+    assert record.conversations[1] == {"role": "assistant", "content": content}
+
+
+def test_a_reasoning_field_wins_over_tags_in_the_content():
+    turn = {"role": "assistant", "content": "<think>x</think>y", "reasoning_content": "given"}
+    record = normalise({"messages": [{"role": "user", "content": "q"}, turn]}, 0)
+    assert record.conversations[1] == turn

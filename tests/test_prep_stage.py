@@ -182,6 +182,7 @@ def test_two_processes_write_the_same_outputs_as_one(tmp_path, monkeypatch, tiny
     [
         (_config(source="nope.jsonl"), "dataset file .*nope.jsonl does not exist"),
         (_config({"overlong": "chop"}), "stages.prep.overlong must be one of truncate, drop \\(got 'chop'\\)"),
+        (_config({"reasoning": "all"}), "stages.prep.reasoning must be one of expand, preserve \\(got 'all'\\)"),
         (_config(tokenizer=None), "target.tokenizer is not set"),
         (_config(tokenizer="no-such-tokenizer-dir/"), "cannot load tokenizer 'no-such-tokenizer-dir/'"),
     ],
@@ -194,3 +195,45 @@ def test_bad_input_is_one_clear_error(tmp_path, monkeypatch, tiny_tokenizer_dir,
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(PrepError, match=message):
         run(ctx)
+
+
+def test_the_manifest_counts_turns_records_and_learned_reasoning(tmp_path, monkeypatch, tiny_tokenizer_dir):
+    from tests.prep_fixtures import FAITHFUL_ROWS
+
+    release = _release(tmp_path, tiny_tokenizer_dir, [])
+    rows = [FAITHFUL_ROWS["multi_turn_reasoning"], FAITHFUL_ROWS["reasoning"]]
+    (release / "data" / "input.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ctx = _context(tmp_path, monkeypatch, "native", _config(), release)
+
+    assert run(ctx) == 0
+
+    manifest = json.loads((ctx.output / "manifest.json").read_text())
+    assert (manifest["rows"], manifest["kept"], manifest["records"]) == (2, 2, 4)
+    assert (manifest["assistant_turns"], manifest["turns_expanded"]) == (4, 2)
+    assert 0 < manifest["reasoning_tokens"] < manifest["learned_tokens"] == manifest["tokens"]["loss_tokens"]
+    assert manifest["encoding"]["method"] == "fast tokenizer, mask by pieces"
+    assert manifest["settings"]["reasoning"] == "expand"
+    ids = [json.loads(line)["id"] for line in (ctx.output / "conversations.jsonl").read_text().splitlines()]
+    assert ids == ["m#2", "m#4", "m", "r"] == pq.read_table(ctx.output / "tokens-00000.parquet").column("id").to_pylist()
+
+
+def test_the_tokenize_stage_renders_contexts_with_the_infer_stages_template_kwargs(tmp_path, monkeypatch, tiny_tokenizer_dir):
+    from remote.prep.settings import Target
+
+    release = _release(tmp_path, tiny_tokenizer_dir, [])
+    row = {"id": "p-1", "conversations": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]}
+    (release / "data" / "input.jsonl").write_text(json.dumps(row) + "\n")
+    env = _env(tmp_path, "native", _config()) | {"AERIE_STAGE": "tokenize"}
+    infer = Path(env["AERIE_DATA"]) / "infer"
+    infer.mkdir(parents=True)
+    (infer / "manifest.json").write_text(json.dumps({"sampling": {"chat_template_kwargs": {"thinking": False}}}))
+    monkeypatch.setenv("AERIE_PROGRESS", env["AERIE_PROGRESS"])
+    monkeypatch.chdir(release)
+    ctx = StageContext.from_env(env)
+
+    assert run(ctx) == 0
+
+    ids = pq.read_table(ctx.output / "tokens-00000.parquet").column("input_ids").to_pylist()[0]
+    text = Target(str(tiny_tokenizer_dir)).load().decode(ids)
+    assert text.endswith("<|im_assistant|>assistant<|im_middle|><think></think>Hello.<|im_end|>")
+    assert json.loads((ctx.output / "manifest.json").read_text())["settings"]["chat_template_kwargs"] == {"thinking": False}
