@@ -165,3 +165,16 @@ def test_a_boundary_inside_a_token_skips_the_record_rather_than_guess(tiny_token
     inside = text.index("world") + 2
     [result] = Encoder(tiny_tokenizer, 4096).encode([Sequence([], text, [(inside, len(text))])])
     assert getattr(result, "reason", None) == "a turn boundary falls inside a token"
+
+
+def test_a_template_that_changes_the_content_it_renders_gets_no_shortcut_and_still_exact_records(tiny_tokenizer_dir):
+    from remote.prep.settings import Target
+
+    tokenizer = Target(str(tiny_tokenizer_dir)).load()
+    tokenizer.chat_template = tokenizer.chat_template.replace("{{ message.content or '' }}", "{{ (message.content or '') | trim }}")
+    template = ChatTemplate(tokenizer)
+    assert template.turns_alone and template._formats is None  # a plain turn is rendered, never assembled
+    rows = [FAITHFUL_ROWS["multi_turn_reasoning"], {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  padded  "}]}]
+    prepared = prepare(tokenizer, rows)
+    assert prepared.summary.kept == 2
+    check_records(tokenizer, prepared)

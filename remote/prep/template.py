@@ -15,6 +15,7 @@ of two renders of the conversation instead (slower, same result).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,18 @@ PROBE_CALL = {
     "tool_calls": [{"id": "aerie_probe_id_3c7b", "type": "function",
                     "function": {"name": "aerie_probe_function_6d1f", "arguments": "{}"}}],
 }
+#: Marker values that find a plain turn's format, and values it must hold for (`ChatTemplate._formatted`).
+FORMAT_REASONING, FORMAT_CONTENT = "aerie format reasoning 2f9c", "aerie format content 8a3e"
+AWKWARD_VALUES = [
+    ("  spaced reasoning \n", " spaced answer  "),
+    ("{{ braces }} {% raw %} <|im_end|> </think> <think>", "<|im_assistant|>assistant<|im_middle|> {x}\n\n"),
+    ("", "only an answer"),
+    ("", ""),
+    ("reasoning only", ""),
+    ("é 世界\r\n", "☃"),
+]
+PLAIN_TURN_KEYS = {"role", "content", "reasoning_content"}
+FORMAT_CHECK_EVERY = 64
 #: What keeps every turn's reasoning in a render (Kimi's name for it; other templates ignore it).
 KEEP_REASONING = {"preserve_thinking": True}
 
@@ -63,6 +76,8 @@ class ChatTemplate:
         self.opening = prompted[len(bare):]
         self.turns_alone = self._probe_turns_alone()
         self._direct = self._probe_direct() if self.turns_alone else None
+        self._formats = self._probe_formats() if self.turns_alone else None
+        self._format_uses = 0
         #: Whether the template renders a call's id in place of its function's name (Kimi's ids).
         self.renders_call_ids = self._probe_call_ids()
 
@@ -83,10 +98,10 @@ class ChatTemplate:
     def turn(self, conversation: list[dict[str, Any]], index: int, tools: list[dict] | None) -> Turn:
         """What the target generated for ``conversation[index]``, reasoning included."""
         message = conversation[index]
-        if self.turns_alone:
-            alone = self._direct_render([message]) if self._direct is not None else self.render([message], **KEEP_REASONING)
-            text = self._after_opening(alone, self.opening)
-        else:
+        text = self._formatted(message)
+        if text is None and self.turns_alone:
+            text = self._rendered_alone(message)
+        elif text is None:
             before = self.render(conversation[:index], tools, generation_prompt=True, **KEEP_REASONING)
             text = self._after_opening(self.render(conversation[: index + 1], tools, **KEEP_REASONING), before)
         reasoning = message.get("reasoning_content") or ""
@@ -116,6 +131,59 @@ class ChatTemplate:
         except Skip:
             return False
         return True
+
+    def _formatted(self, message: dict[str, Any]) -> str | None:
+        """A plain turn (content and reasoning only) put into the template's own text around them,
+        or None where that is not known to be what the template renders.
+
+        NOTE: rendering a lone turn costs as much as the rest of prep for a two-turn row. The text
+        around a plain turn's reasoning and content is read off the template with marker values
+        and checked at start against real renders of awkward values (spaces at the ends, braces,
+        special-token strings, newlines); one turn in `FORMAT_CHECK_EVERY` is still rendered and
+        compared, and a difference turns formats off for the rest of the run.
+        """
+        if self._formats is None or message.get("tool_calls") or not set(message) <= PLAIN_TURN_KEYS:
+            return None
+        reasoning = message.get("reasoning_content") or ""
+        before, between, after = self._formats[bool(reasoning)]
+        text = before + reasoning + between + message["content"] + after
+        self._format_uses += 1
+        if self._format_uses % FORMAT_CHECK_EVERY == 1 and text != self._rendered_alone(message):
+            print("prep: WARNING: a turn rendered by the chat template differs from its format; "
+                  "every later turn is rendered (slower)", file=sys.stderr)
+            self._formats = None
+            return None
+        return text
+
+    def _rendered_alone(self, message: dict[str, Any]) -> str:
+        alone = self._direct_render([message]) if self._direct is not None else self.render([message], **KEEP_REASONING)
+        return self._after_opening(alone, self.opening)
+
+    def _probe_formats(self) -> dict[bool, tuple[str, str, str]] | None:
+        """The text before, between and after a plain turn's reasoning and content, with and without
+        reasoning, when it holds for every awkward probe value; else None."""
+        formats: dict[bool, tuple[str, str, str]] = {}
+        try:
+            for with_reasoning in (True, False):
+                marker = {"role": "assistant", "content": FORMAT_CONTENT}
+                if with_reasoning:
+                    marker["reasoning_content"] = FORMAT_REASONING
+                text = self._rendered_alone(marker)
+                r = text.find(FORMAT_REASONING) if with_reasoning else 0
+                head = text[:r] if with_reasoning else ""
+                rest = text[r + len(FORMAT_REASONING):] if with_reasoning else text
+                c = rest.find(FORMAT_CONTENT)
+                if c < 0 or (with_reasoning and r < 0):
+                    return None
+                formats[with_reasoning] = (head, rest[:c], rest[c + len(FORMAT_CONTENT):])
+            for reasoning, content in AWKWARD_VALUES:
+                message = {"role": "assistant", "content": content, **({"reasoning_content": reasoning} if reasoning else {})}
+                before, between, after = formats[bool(reasoning)]
+                if before + reasoning + between + content + after != self._rendered_alone(message):
+                    return None
+        except Skip:
+            return None
+        return formats
 
     def _direct_render(self, messages: list[dict[str, Any]]) -> str:
         try:

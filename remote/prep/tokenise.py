@@ -17,7 +17,7 @@ worse than a lost record. Kimi's turns start after ``<think>`` and end with
 NOTE: a slow tokenizer's ``__call__`` is several times slower than its
 ``encode`` (Kimi's: 7x). ``encode`` is used when it gives the same ids on a probe
 text with special tokens, and checked against ``__call__`` on the first record
-of every batch; a mismatch switches the process to ``__call__`` for good, with
+of the first batch and then of a batch every `CHECK_EVERY` records; a mismatch switches the process to ``__call__`` for good, with
 a warning on stderr and a count in the manifest (``encoding.mismatches``).
 """
 
@@ -34,6 +34,8 @@ from remote.prep.normalise import Skip
 from remote.prep.sequences import Sequence
 
 Span = tuple[int, int]
+#: Records encoded by `encode` between two checks against `__call__` (the first batch is always checked).
+CHECK_EVERY = 1024
 LONG_RUN = re.compile(r"\S{25001}|\s{25001}")
 PROBE_TEXT = "aerie  probe\n\nhéllo 世界 ☃ 12345 {\"a\": [1, 2]}\t end"
 
@@ -73,6 +75,7 @@ class Encoder:
         self._byte_lengths = _tiktoken_byte_lengths(tokenizer) if self._backend is None else None
         self._quick = None if self._backend is not None else self._quick_encode()
         self.stats = EncodingStats(self._method())
+        self._unchecked = 0
         #: Whether encoding runs outside the GIL (a Rust tokenizer's batch call).
         self.releases_gil = self._backend is not None
 
@@ -84,7 +87,7 @@ class Encoder:
         ids = self._encode_texts(texts)
         out = []
         for sequence, record_ids in zip(batch, ids):
-            tokens = self._masked(sequence, np.asarray(record_ids, dtype=np.int32))
+            tokens = self._masked(sequence, np.fromiter(record_ids, dtype=np.int32, count=len(record_ids)))
             out.append(self._limit(tokens) if isinstance(tokens, Tokens) else tokens)
         return out
 
@@ -142,6 +145,10 @@ class Encoder:
         if self._quick is None:
             return [self._own(t) for t in texts]
         ids = [self._quick(t) for t in texts]
+        self._unchecked += len(texts)
+        if self.stats.checked and self._unchecked < CHECK_EVERY:
+            return ids
+        self._unchecked = 0
         self.stats.checked += 1
         if list(ids[0]) != list(self._own(texts[0])):
             self.stats.mismatches += 1
@@ -176,28 +183,29 @@ class Encoder:
     def _masked_by_bytes(self, sequence: Sequence, ids: np.ndarray) -> Tokens | Skip | None:
         """The mask from each token's byte length; None when they do not add up to the text."""
         text = sequence.text
-        if ids.size and int(ids.max()) >= len(self._byte_lengths):
+        if not ids.size or int(ids.max()) >= len(self._byte_lengths):
             return None
-        ends = np.cumsum(self._byte_lengths[ids]) if ids.size else np.zeros(0, dtype=np.int64)
+        ends = np.cumsum(self._byte_lengths[ids])
         ascii_text = text.isascii()
-        if (ends[-1] if ends.size else 0) != (len(text) if ascii_text else len(text.encode("utf-8"))):
+        if ends[-1] != (len(text) if ascii_text else len(text.encode("utf-8"))):
             return None
 
-        def token_index(char: int) -> int | None:
-            at = char if ascii_text else len(text[:char].encode("utf-8"))
-            index = int(np.searchsorted(ends, at, side="right"))
-            return index if at == 0 or (index and ends[index - 1] == at) else None
-
+        cuts = [c for span in sequence.spans + sequence.reasoning for c in span]
+        at = np.array(cuts if ascii_text else [len(text[:c].encode("utf-8")) for c in cuts], dtype=np.int64)
+        index = np.searchsorted(ends, at, side="right")
+        # A cut is on a token boundary when the tokens before it end exactly there.
+        aligned = (at == 0) | ((index > 0) & (ends[np.maximum(index - 1, 0)] == at))
         loss = np.zeros(len(ids), dtype=np.int8)
         reasoning = np.zeros(len(ids), dtype=bool)
+        k = 0
         for spans, mask in ((sequence.spans, loss), (sequence.reasoning, reasoning)):
-            for start, end in spans:
-                first, last = token_index(start), token_index(end)
-                if first is None or last is None:
-                    if mask is loss:
-                        return Skip("a turn boundary falls inside a token")
-                    continue  # a reasoning boundary inside a token: not counted
-                mask[first:last] = 1
+            for _ in spans:
+                if aligned[k] and aligned[k + 1]:
+                    mask[index[k] : index[k + 1]] = 1
+                elif mask is loss:
+                    return Skip("a turn boundary falls inside a token")
+                # else: a reasoning boundary inside a token: that reasoning is not counted
+                k += 2
         return Tokens(ids, loss, reasoning)
 
     def _masked_by_pieces(self, sequence: Sequence, ids: np.ndarray, with_reasoning: bool) -> Tokens | None:
@@ -232,6 +240,10 @@ class Encoder:
         return kept if kept.loss_mask.any() else Skip(f"no assistant tokens within max_length ({self.max_length})")
 
 
+#: Byte-length tables already built, by tiktoken `Encoding` (kept alive with its table).
+_BYTE_LENGTHS: dict[int, tuple[Any, np.ndarray]] = {}
+
+
 def _tiktoken_byte_lengths(tokenizer: Any) -> np.ndarray | None:
     """Each token id's length in bytes, for a tokenizer over a tiktoken `Encoding` (Kimi's); else None.
 
@@ -241,6 +253,12 @@ def _tiktoken_byte_lengths(tokenizer: Any) -> np.ndarray | None:
     model = getattr(tokenizer, "model", None)
     if not type(model).__module__.startswith("tiktoken"):
         return None
+    if id(model) not in _BYTE_LENGTHS:
+        _BYTE_LENGTHS[id(model)] = (model, _byte_lengths(model))
+    return _BYTE_LENGTHS[id(model)][1]
+
+
+def _byte_lengths(model: Any) -> np.ndarray:
     lengths = np.zeros(model.n_vocab, dtype=np.int64)
     ranks, specials = getattr(model, "_mergeable_ranks", None), getattr(model, "_special_tokens", None)
     if isinstance(ranks, dict) and isinstance(specials, dict):
