@@ -1,7 +1,7 @@
 """`inv bench`: every benchmark suite, each a ratio against a baseline measured in the same run.
 
-Suites: control (status, launch and deploy over a loopback sshd), prep (tokenise
-and mask vs. the tokenizer's plain batch encoding), infer (the stage's client vs.
+Suites: control (status, launch and deploy over a loopback sshd), prep (with
+Kimi-K2.5's tokenizer, vs. a plain apply_chat_template + encode loop), infer (the stage's client vs.
 plain clients on the same server), extract (capture vs. a bare forward pass),
 slurm (launch and status of 40 jobs on the test cluster). Figures are recorded in
 docs/benchmarks.md.
