@@ -178,3 +178,36 @@ def test_a_template_that_changes_the_content_it_renders_gets_no_shortcut_and_sti
     prepared = prepare(tokenizer, rows)
     assert prepared.summary.kept == 2
     check_records(tokenizer, prepared)
+
+
+def test_a_template_whose_contexts_are_not_prefixes_of_each_other_has_every_turn_checked_by_rendering(tiny_tokenizer_dir):
+    from remote.prep.settings import Target
+
+    tokenizer = Target(str(tiny_tokenizer_dir)).load()
+    # Tool results before the last plain answer are elided, as Kimi elides reasoning: a later
+    # context is then no continuation of an earlier one even without any reasoning.
+    tokenizer.chat_template = tokenizer.chat_template.replace(
+        "## Return of {{ message.tool_call_id }}\n{{ message.content }}",
+        "## Return of {{ message.tool_call_id }}\n{{ message.content if loop.index0 > ns.last_plain else '(old)' }}")
+    template = ChatTemplate(tokenizer)
+    assert template.turns_alone and not template.prefix_stable
+    row = {"id": "x", "messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "functions.get_weather:0", "type": "function",
+                                                             "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "snow"},
+        {"role": "assistant", "content": "It snows."},
+        {"role": "user", "content": "Thanks."},
+        {"role": "assistant", "content": "You are welcome."}]}
+    prepared = prepare(tokenizer, [row] + read_rows("agent_trajectory.jsonl"))
+    assert prepared.summary.kept == 3
+    check_records(tokenizer, prepared)
+    # The answer that saw the whole result needs its own record; the call is learned in the last.
+    assert [r.id for r in prepared.records][:2] == ["x#3", "x"]
+
+
+def test_kimi_shaped_templates_are_prefix_stable_so_an_agent_trajectory_is_one_record(tiny_tokenizer):
+    assert ChatTemplate(tiny_tokenizer).prefix_stable
+    rows = read_rows("agent_trajectory.jsonl")
+    prepared = prepare(tiny_tokenizer, rows)
+    assert prepared.summary.records == len(rows) and prepared.summary.turns_expanded == 0

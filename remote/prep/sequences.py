@@ -58,16 +58,45 @@ def sequences(template: ChatTemplate, conversation: list[dict[str, Any]], tools:
         last = pending.pop()
         text = context(last) + turns[last].text
         sequence = Sequence(conversation[: last + 1], text)
-        covered = [last]
-        for i in reversed(pending):
-            # The cheap test first: a turn whose text is not there at all needs no render.
-            if turns[i].text in text and text.startswith(context(i) + turns[i].text):
-                covered.append(i)
-        pending = [i for i in pending if i not in covered]
-        for i in sorted(covered):
-            _learn(sequence, len(context(i)), turns[i])
+        starts = {last: len(context(last))}
+        found: dict[int, int] = {}
+        if pending and template.prefix_stable and not any(m.get("reasoning_content") for m in conversation[:last]):
+            found = _found_in_order(template, text, pending, turns, context)
+            starts.update(found)
+        if not found:
+            for i in reversed(pending):
+                # The cheap test first: a turn whose text is not there at all needs no render.
+                if turns[i].text in text and text.startswith(context(i) + turns[i].text):
+                    starts[i] = len(context(i))
+        pending = [i for i in pending if i not in starts]
+        for i in sorted(starts):
+            _learn(sequence, starts[i], turns[i])
         out.append(sequence)
     return out[::-1]
+
+
+def _found_in_order(template: ChatTemplate, text: str, pending: list[int], turns: dict[int, Turn],
+                    context: Any) -> dict[int, int]:
+    """Where each earlier turn starts in `text`, found by searching, for a row without reasoning.
+
+    NOTE: checking each turn's context by rendering it costs a render per turn, quadratic in an
+    agent trajectory's length (8x the plain loop at 40 turns). Without reasoning there is nothing
+    for Kimi's template to strip, and the template was probed to render each turn's context as the
+    start of the next (`ChatTemplate.prefix_stable`), so each turn is found after the generation
+    prompt, in order; the first and the last found are still checked by rendering their contexts.
+    """
+    starts: dict[int, int] = {}
+    at = 0
+    for i in pending:
+        found = text.find(template.opening + turns[i].text, at)
+        if found < 0:
+            return {}
+        starts[i] = found + len(template.opening)
+        at = starts[i] + len(turns[i].text)
+    for i in {pending[0], pending[-1]}:
+        if context(i) != text[: starts[i]]:
+            return {}  # the probe did not hold for this row: every turn is checked by rendering
+    return starts
 
 
 def _learn(sequence: Sequence, start: int, turn: Turn) -> None:

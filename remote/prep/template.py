@@ -80,6 +80,8 @@ class ChatTemplate:
         self._format_uses = 0
         #: Whether the template renders a call's id in place of its function's name (Kimi's ids).
         self.renders_call_ids = self._probe_call_ids()
+        #: Whether, without reasoning, each turn's context is the start of every later one's.
+        self.prefix_stable = self._probe_prefix_stable()
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None, generation_prompt: bool = False,
                **extra: Any) -> str:
@@ -208,6 +210,22 @@ class ChatTemplate:
         except Exception:  # a template transformers compiles differently, a private API moved: the sure way
             return None
         return self._direct
+
+    def _probe_prefix_stable(self) -> bool:
+        """Whether the contexts of a reasoning-free conversation's turns (system, plain answers,
+        a tool call and its result) each start the next: then a row without reasoning needs one
+        context render per record, not one per turn (`remote.prep.sequences`)."""
+        conversation = [{"role": "system", "content": "aerie probe system"}, PROBE_USER,
+                        {"role": "assistant", "content": "aerie probe answer one"}, PROBE_USER,
+                        {**PROBE_CALL, "reasoning_content": ""},
+                        {"role": "tool", "tool_call_id": PROBE_CALL["tool_calls"][0]["id"], "content": "aerie probe result"},
+                        {"role": "assistant", "content": "aerie probe answer two"}, PROBE_USER]
+        try:
+            contexts = [self.context(conversation[:i], None) for i, m in enumerate(conversation) if m["role"] == "assistant"]
+            last = self.context(conversation, None)
+        except Skip:
+            return False
+        return all(last.startswith(context) for context in contexts)
 
     def _probe_call_ids(self) -> bool:
         try:
