@@ -31,6 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+from local.inventory import Prep
 from remote.prep.pipeline import run_prep
 from remote.prep.settings import PrepSettings, Target
 
@@ -40,6 +41,11 @@ WORDS = (
     "we compute the sum of the values and return a list of results for each user in the table "
     "so first let me check whether x equals 4 and then verify 2x + 3 = 11 holds"
 ).split()
+
+
+def _settings(**values: Any) -> PrepSettings:
+    """Prep's settings as the workstation sends them: the inventory's defaults, then these."""
+    return PrepSettings.from_config({**Prep().model_dump(exclude={"command", "stall_after"}), **values})
 
 
 def reasoning_rows(records: int, exchanges: int = 1, seed: int = 0) -> list[dict[str, Any]]:
@@ -74,12 +80,11 @@ def run(records: int = 3000, num_proc: int = 2) -> dict[str, Any]:
 
 
 def _measure(tokenizer: Any, target: Target, rows: list[dict[str, Any]], num_proc: int) -> dict[str, Any]:
-    settings = PrepSettings(max_length=1 << 20)
     work: dict[str, Callable[[], Any]] = {"plain": partial(_plain, tokenizer, rows),
                                           "plain_same_text": partial(_plain, tokenizer, rows, preserve_thinking=True)}
     procs = sorted({1, num_proc})
     for n in procs:
-        work[f"prep_num_proc_{n}"] = partial(_prep, rows, target, tokenizer, PrepSettings(max_length=1 << 20, num_proc=n))
+        work[f"prep_num_proc_{n}"] = partial(_prep, rows, target, tokenizer, _settings(max_length=1 << 20, num_proc=n))
     seconds, results = _best_interleaved(work)
     plain_tokens = results["plain"]
     summary = results["prep_num_proc_1"]
