@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -91,7 +91,9 @@ class Prep(Stage):
 class Infer(Stage):
     server_url: str = "http://127.0.0.1:30000/v1"
     model: str = "default"
-    concurrency: int = Field(8, ge=1)
+    concurrency: Literal["auto"] | Annotated[int, Field(ge=1)] = Field(
+        "auto", description="requests in flight; auto: the level with the most output tokens/s")
+    max_concurrency: int = Field(256, ge=1, description="the most requests in flight that auto may try")
     timeout: float = Field(600.0, gt=0)
     retries: int = Field(3, ge=0)
     max_tokens: int = Field(2048, ge=1)

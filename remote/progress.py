@@ -10,6 +10,10 @@ A stage writes its counters with::
             progress.written()               # one record kept
             progress.skipped("no assistant turn")
         progress.metrics(step=10, loss=2.31)  # any numbers worth showing
+        progress.expect(83_288)              # how many records and skips there will be, when known
+
+With a total, the progress file also carries ``rate`` (records and skips per
+second over the last minute), from which `inv status` tells the time left.
 
 The counters land in the job's progress file (``$AERIE_PROGRESS``) as JSON,
 written to a temporary name and renamed, at most every ``interval`` seconds and
@@ -24,11 +28,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
 PROGRESS_ENV = "AERIE_PROGRESS"
+#: Seconds of progress behind `rate`: recent enough to follow a change of speed.
+RATE_WINDOW = 60.0
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
@@ -56,7 +62,9 @@ class Progress:
         self.skip_reasons: Counter[str] = Counter()
         self.values: dict[str, float] = {}
         self.message = ""
+        self.total: int | None = None
         self._flushed_at = 0.0
+        self._marks: deque[tuple[float, int]] = deque()  # (when, done) at each flush
 
     @classmethod
     def from_env(cls, interval: float = 1.0) -> "Progress":
@@ -81,18 +89,40 @@ class Progress:
         self.message = message
         self._maybe_flush()
 
+    def expect(self, total: int) -> None:
+        """How many records and skips this run will count in all (prompts, rows, samples x epochs)."""
+        self.total = total
+        self._maybe_flush()
+
+    def resumed(self) -> None:
+        """What was counted so far was done by an earlier run: it does not count towards the rate."""
+        self._marks.clear()
+
     def beat(self) -> None:
         """Say "still working" during a long step that counts nothing, so the job is not `stalled`."""
         self._maybe_flush()
 
     def snapshot(self) -> dict[str, Any]:
-        return {
+        snapshot = {
             "records": self.records,
             "skip_reasons": dict(self.skip_reasons),
             "metrics": self.values,
             "message": self.message,
             "updated_at": time.time(),
         }
+        if self.total is not None:
+            snapshot.update(total=self.total, rate=self.rate())
+        return snapshot
+
+    def rate(self) -> float | None:
+        """Records and skips per second over the last `RATE_WINDOW` seconds; None before there is a span."""
+        now, done = time.monotonic(), self.records + self.skipped_total
+        if not self._marks or self._marks[-1][1] != done:
+            self._marks.append((now, done))
+        while len(self._marks) > 2 and self._marks[1][0] < now - RATE_WINDOW:
+            self._marks.popleft()
+        (then, before), span = self._marks[0], now - self._marks[0][0]
+        return round((done - before) / span, 4) if span >= 1.0 and done > before else None
 
     def flush(self) -> None:
         self._flushed_at = time.monotonic()

@@ -204,7 +204,7 @@ def test_a_bad_setting_is_named_in_one_line(tmp_path: Path, monkeypatch: pytest.
     data = tmp_path / "data" / "B5"
     write_prep(data, make_prompts(1))
     message = run_main(monkeypatch, stage_env(data, {**FAST, "concurrency": 0}))
-    assert message == "infer: stages.infer.concurrency: expected an integer >= 1 (got 0)"
+    assert message == "infer: stages.infer.concurrency: expected auto or an integer >= 1 (got 0)"
 
 
 def test_no_server_at_the_address_fails_at_once_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -216,3 +216,28 @@ def test_no_server_at_the_address_fails_at_once_in_one_line(tmp_path: Path, monk
     message = run_main(monkeypatch, stage_env(data, {**FAST, "server_url": url}))
     assert message.startswith(f"infer: no inference server answers at {url} (") and "stages.infer.server_url" in message
     assert not (data / "infer" / infer.PART).exists()
+
+
+@pytest.mark.e2e
+def test_auto_concurrency_settles_near_the_knee_of_a_saturating_server_and_reports_it(tmp_path: Path) -> None:
+    from tests.saturating_server import SaturatingServer
+
+    data = tmp_path / "data" / "B5"
+    write_prep(data, make_prompts(240))
+    with SaturatingServer(knee=8, per_request=200, tokens=50) as server:
+        progress = run_infer(data, {"server_url": server.url, "model": "stand-in", "concurrency": "auto",
+                                    "max_concurrency": 128})
+    assert progress.records == 240
+    assert progress.total == 240
+    # Pinned 64 is eight times the knee; auto must have come back to it (it starts at 8, may probe 6 or 12).
+    assert 4 <= progress.values["concurrency"] <= 16
+    assert progress.values["tokens_per_s"] > 0
+    assert progress.values["completion_tokens"] == 240 * 50
+
+
+def test_a_pinned_concurrency_never_moves(tmp_path: Path) -> None:
+    data = tmp_path / "data" / "B5"
+    write_prep(data, make_prompts(20))
+    with ScriptedServer() as server:
+        progress = run_infer(data, {**FAST, "server_url": server.url, "concurrency": 3})
+    assert progress.values["concurrency"] == 3

@@ -61,6 +61,8 @@ class Result:
     answer: Answer | None = None
     failure: RequestFailed | None = None
     retries: int = 0
+    #: How long the answered attempt took (what the server's load made it cost).
+    seconds: float = 0.0
 
 
 class ChatClient:
@@ -98,7 +100,9 @@ class ChatClient:
         payload = json.dumps(self.body(record["conversations"])).encode()
         for attempt in range(self.settings.retries + 1):
             try:
+                started = time.monotonic()
                 result.answer = self.post(payload)
+                result.seconds = time.monotonic() - started
                 result.failure = None
                 return result
             except RequestFailed as failure:

@@ -26,8 +26,11 @@ class InferSettings:
     #: The ``model`` field of each request (SGLang accepts ``default``; a
     #: pinned ``transformers serve`` wants the path it serves).
     model: str
-    #: Requests in flight at once.
-    concurrency: int
+    #: Requests in flight at once: a number pins it; ``auto`` finds the level that
+    #: gives the most output tokens/s (`remote.infer.autotune`).
+    concurrency: int | str
+    #: The most requests in flight that ``auto`` may try.
+    max_concurrency: int
     #: Seconds one request may take before it counts as a timeout.
     timeout: float
     #: Extra attempts after a connection error, timeout, 5xx or 429.
@@ -56,7 +59,10 @@ class InferSettings:
             raise SettingsError(f"stages.infer.server_url: expected an http:// or https:// URL (got {self.server_url!r})")
         if not isinstance(self.model, str) or not self.model:
             raise SettingsError(f"stages.infer.model: expected the served model's name (got {self.model!r})")
-        for name, minimum in (("concurrency", 1), ("retries", 0), ("max_tokens", 1)):
+        if self.concurrency != "auto" and (not isinstance(self.concurrency, int) or isinstance(self.concurrency, bool)
+                                           or self.concurrency < 1):
+            raise SettingsError(f"stages.infer.concurrency: expected auto or an integer >= 1 (got {self.concurrency!r})")
+        for name, minimum in (("max_concurrency", 1), ("retries", 0), ("max_tokens", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 raise SettingsError(f"stages.infer.{name}: expected an integer >= {minimum} (got {value!r})")
@@ -71,6 +77,10 @@ class InferSettings:
                 f"stages.infer.chat_template_kwargs: expected a mapping such as {{thinking: false}} "
                 f"(got {self.chat_template_kwargs!r})"
             )
+
+    @property
+    def is_auto(self) -> bool:
+        return self.concurrency == "auto"
 
     def sampling(self) -> dict[str, Any]:
         """The settings that shape the answers: a journal made with others must not be continued."""

@@ -26,12 +26,14 @@ import json
 import os
 import time
 import urllib.error
+from collections import deque
 import urllib.request
-from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from remote.infer.autotune import Autotuner, Fixed
 from remote.infer.client import ChatClient, Result
 from remote.infer.journal import Journal
 from remote.infer.settings import InferSettings, SettingsError
@@ -45,6 +47,8 @@ PART = OUTPUT + ".part"
 SKIPPED = "skipped.jsonl"
 STATE = ".journal.json"
 MANIFEST = "manifest.json"
+#: Seconds of answers behind the `tokens_per_s` metric.
+RATE_WINDOW = 60.0
 
 
 class InferError(Exception):
@@ -129,6 +133,11 @@ class InferRun:
         self.failed: dict[str, int] = {}
         self.failed_in_a_row = 0
         self.totals = {"retries": 0, "truncated": 0, "completion_tokens": 0}
+        self.tuner: Autotuner | Fixed = (
+            Autotuner(settings.max_concurrency) if settings.is_auto else Fixed(settings.concurrency))
+        self.recent: deque[tuple[float, int]] = deque()  # (when, completion tokens) of recent answers
+        self.started = time.monotonic()
+        self.total = 0
 
     def resume(self) -> int:
         """Read what earlier runs finished; return how many records that is."""
@@ -138,32 +147,44 @@ class InferRun:
         for record in self.refused.read():
             self.done.add(record["id"])
             self.progress.skipped(record.get("reason", "refused"))
+        self.progress.resumed()
         return len(self.done)
 
     def answer_all(self, prompts: Iterator[dict[str, Any]]) -> int:
         """Answer every prompt not yet done; return how many prompts there are in all."""
-        total = 0
-        window = 2 * self.settings.concurrency
-        pending: set[Future[Result]] = set()
-        with ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="infer") as pool:
-            for record in prompts:
-                total += 1
-                if record["id"] in self.done:
-                    continue
-                if self.is_server_gone():
-                    continue  # still count the prompts, so the message says how many are left
-                pending.add(pool.submit(self.client.answer, record))
-                if len(pending) >= window:
-                    pending = self.collect(pending, FIRST_COMPLETED)
-            self.collect(pending, ALL_COMPLETED)
-        return total
+        self.total = 0
+        todo = self.todo(prompts)
+        pending: dict[Future[Result], int] = {}  # each request, and the concurrency it was sent at
+        workers = self.settings.max_concurrency if self.settings.is_auto else self.settings.concurrency
+        with ThreadPoolExecutor(workers, thread_name_prefix="infer") as pool:
+            # NOTE: threads start only as requests need them, so `auto` at 12 holds 12, not 256.
+            def fill() -> None:
+                while len(pending) < self.tuner.concurrency and (record := next(todo, None)) is not None:
+                    pending[pool.submit(self.client.answer, record)] = self.tuner.concurrency
 
-    def collect(self, pending: set[Future[Result]], until: str) -> set[Future[Result]]:
-        """Record the finished requests as one durable batch; return those still running."""
-        finished, pending = wait(pending, return_when=until)
+            fill()
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                levels = {future: pending.pop(future) for future in finished}
+                fill()  # first: the server is not left short of requests while the batch is journaled
+                self.collect(levels)
+        return self.total
+
+    def todo(self, prompts: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """The prompts still to ask for, counting every prompt into `total` on the way."""
+        for record in prompts:
+            self.total += 1
+            if record["id"] in self.done or self.is_server_gone():
+                continue  # a gone server: still count the prompts, so the message says how many are left
+            yield record
+
+    def collect(self, levels: dict[Future[Result], int]) -> None:
+        """Record the finished requests as one durable batch, and tell the tuner how they went."""
         answered, refused = [], []
-        for result in (future.result() for future in finished):
+        for future, level in levels.items():
+            result = future.result()
             self.totals["retries"] += result.retries
+            self.observe(result, level)
             if result.answer is not None and (result.answer.content or result.answer.reasoning_content):
                 answered.append(result)
             elif result.answer is not None:
@@ -175,7 +196,24 @@ class InferRun:
         self.answers.append([_conversation(r) for r in answered])
         self.refused.append(refused)
         self.count(answered, refused)
-        return pending
+
+    def observe(self, result: Result, level: int) -> None:
+        """Retries and final failures are the server's overload; a 4xx refusal is the prompt's own."""
+        if result.answer is not None:
+            self.tuner.observe(level, result.answer.completion_tokens, result.seconds, error=result.retries > 0)
+            now = time.monotonic()
+            self.recent.append((now, result.answer.completion_tokens))
+            while self.recent and self.recent[0][0] < now - RATE_WINDOW:
+                self.recent.popleft()
+        elif result.failure is not None and result.failure.retryable:
+            self.tuner.observe(level, 0, 0.0, error=True)
+
+    def tokens_per_s(self) -> float:
+        """Output tokens/s over the last `RATE_WINDOW` seconds (from this run's start, at first)."""
+        if not self.recent:
+            return 0.0
+        span = max(time.monotonic() - max(self.recent[0][0], self.started), 1e-3)
+        return sum(tokens for _, tokens in self.recent) / min(span, RATE_WINDOW)
 
     def fail(self, result: Result) -> None:
         reason = result.failure.reason if result.failure else "no answer"
@@ -195,7 +233,8 @@ class InferRun:
             self.progress.skipped(record["reason"])
         if answered:
             self.failed_in_a_row = 0
-        self.progress.metrics(**self.totals)
+        self.progress.metrics(**self.totals, concurrency=self.tuner.concurrency,
+                              tokens_per_s=round(self.tokens_per_s(), 1))
 
     def is_server_gone(self) -> bool:
         """True after so many records in a row failed that the server must be down.
@@ -203,7 +242,7 @@ class InferRun:
         NOTE: without this, a dead server would cost every remaining record its
         full retry budget (hours for 88k records) before the job could fail.
         """
-        return self.failed_in_a_row >= max(8, 2 * self.settings.concurrency)
+        return self.failed_in_a_row >= max(8, 2 * self.tuner.concurrency)
 
     def close(self) -> None:
         self.answers.close()
@@ -259,6 +298,7 @@ def run_stage(ctx: StageContext, progress: Progress) -> None:
     check_reachable(settings)
     ctx.output.mkdir(parents=True, exist_ok=True)
     open_journal(ctx.output, upstream, settings, progress)
+    progress.expect(_count_lines(upstream.prompts))
     run = InferRun(ctx.output, settings, progress)
     try:
         before = run.resume()
@@ -297,6 +337,12 @@ def _prompt(line: str) -> dict[str, Any] | None:
     if not isinstance(turns, list) or not turns or not all(isinstance(t, dict) and "role" in t for t in turns):
         return None
     return {"id": str(record["id"]), "conversations": turns}
+
+
+def _count_lines(path: Path) -> int:
+    """Non-empty lines: one per prompt, each later answered, refused or skipped."""
+    with open(path, "rb") as file:
+        return sum(1 for line in file if line.strip())
 
 
 def _sha256(path: Path) -> str:
