@@ -89,6 +89,7 @@ class Fleet:
             merged["now"] = answer["now"]
             merged["current_release"][name] = answer["current_release"]
             merged["jobs"] += [{**job, "host": name} for job in answer["jobs"]]
+            merged.setdefault("gpus", []).extend({**gpu, "host": name} for gpu in answer.get("gpus", []))
         return merged
 
     def _in_parallel(self, work: Callable[[str, RemoteHost], T]) -> dict[str, T | AerieError]:

@@ -15,14 +15,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from remote import executors, jobs
+from remote import eta, executors, gpus, jobs
 from remote.states import BAD, JobState
 from remote.store import BrokenJob, HostError, JobStore
 from remote.wire import emit
 
 
 def status(args: dict[str, Any]) -> Any:
-    return jobs.status(Path(args["root"]))
+    root = Path(args["root"])
+    return gpus.annotate(root, eta.annotate(root, jobs.status(root)))  # time left and GPUs: same round trip
 
 
 def each(work: Callable[[Any], Any], items: list[Any]) -> list[Any]:

@@ -63,6 +63,7 @@ class Progress:
         self.values: dict[str, float] = {}
         self.message = ""
         self.total: int | None = None
+        self.total_by: str | None = None
         self._flushed_at = 0.0
         self._marks: deque[tuple[float, int]] = deque()  # (when, done) at each flush
 
@@ -89,10 +90,16 @@ class Progress:
         self.message = message
         self._maybe_flush()
 
-    def expect(self, total: int) -> None:
-        """How many records and skips this run will count in all (prompts, rows, samples x epochs)."""
-        self.total = total
+    def expect(self, total: int, by: str | None = None) -> None:
+        """How many records and skips this run will count in all (prompts, rows); with `by`, what
+        that metric will reach instead (train: ``by="step"``, steps x epochs)."""
+        self.total, self.total_by = total, by
         self._maybe_flush()
+
+    @property
+    def done(self) -> float:
+        """How far towards `total`."""
+        return self.values.get(self.total_by, 0) if self.total_by else self.records + self.skipped_total
 
     def resumed(self) -> None:
         """What was counted so far was done by an earlier run: it does not count towards the rate."""
@@ -111,12 +118,12 @@ class Progress:
             "updated_at": time.time(),
         }
         if self.total is not None:
-            snapshot.update(total=self.total, rate=self.rate())
+            snapshot.update(total=self.total, done=self.done, rate=self.rate())
         return snapshot
 
     def rate(self) -> float | None:
-        """Records and skips per second over the last `RATE_WINDOW` seconds; None before there is a span."""
-        now, done = time.monotonic(), self.records + self.skipped_total
+        """`done` per second over the last `RATE_WINDOW` seconds; None before there is a span."""
+        now, done = time.monotonic(), self.done
         if not self._marks or self._marks[-1][1] != done:
             self._marks.append((now, done))
         while len(self._marks) > 2 and self._marks[1][0] < now - RATE_WINDOW:
@@ -126,8 +133,9 @@ class Progress:
 
     def flush(self) -> None:
         self._flushed_at = time.monotonic()
+        snapshot = self.snapshot()  # also without a file: it marks the progress behind `rate`
         if self.path is not None:
-            write_json_atomic(self.path, self.snapshot())
+            write_json_atomic(self.path, snapshot)
 
     def _maybe_flush(self) -> None:
         if time.monotonic() - self._flushed_at >= self.interval:

@@ -94,6 +94,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     progress.note(f"loading {checked.shape.path.name} on {device}")
     model = load_target(checked.shape.path, checked.dtype, checked.trust_remote_code, device)
     progress.note(f"extracting layers {checked.layers} (width {checked.width})")
+    if isinstance(checked.prep.get("kept"), int):
+        progress.expect(checked.prep["kept"])  # prep's records: each is extracted or skipped
     started = time.time()
     counts = extract(
         decoder_of(model),

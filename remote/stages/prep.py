@@ -15,6 +15,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from remote.prep.errors import PrepError
+from remote.prep.count import estimate_rows
 from remote.prep.load import Source, iter_rows
 from remote.prep.pipeline import Summary, kept_ratio_failure, run_prep
 from remote.prep.settings import PrepSettings, Target
@@ -48,6 +49,9 @@ def run(ctx: StageContext) -> int:
     started = time.time()
     with Progress.from_env() as progress:
         progress.note(f"reading {source.source}")
+        rows = estimate_rows(source)
+        if rows:
+            progress.expect(rows)  # every row is kept or skipped
         writer = OutputWriter(ctx.output, ctx.kind, settings.shard_size)
         try:
             summary = run_prep(iter_rows(source), (ctx.kind, ctx.dataset, target, settings), settings, writer, progress)

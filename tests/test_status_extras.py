@@ -1,0 +1,157 @@
+"""What `inv status` learns in the same round trip besides the jobs: time left, and the GPUs.
+
+The GPU tests put a stand-in `nvidia-smi` (a shell script) first on PATH: this
+machine has no NVIDIA GPU, and the script prints exactly the CSV that
+``nvidia-smi --query-gpu=... --format=csv,noheader,nounits`` and
+``--query-compute-apps=...`` print on a GPU host, with the pid of a real process
+started in a session of its own, as a job's supervisor is.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from remote import eta, gpus
+from remote.prep.count import estimate_rows
+from remote.prep.load import Source
+from remote.progress import Progress
+
+STAND_IN = """#!/bin/sh
+# A stand-in for nvidia-smi: the two queries aerie makes, answered from fixed CSV.
+case "$1" in
+  --query-gpu=*) printf '0, GPU-aaa, 97, 70000, 81559\\n1, GPU-bbb, 0, 1, 81559\\n' ;;
+  --query-compute-apps=*) printf '%s, GPU-aaa, 69000\\n' "$(cat "$(dirname "$0")/pid")" ;;
+  *) exit 9 ;;
+esac
+"""
+
+
+@pytest.fixture
+def stand_in_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "nvidia-smi"
+    script.write_text(STAND_IN)
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    return bin_dir
+
+
+def test_gpus_show_utilisation_memory_and_the_job_whose_session_holds_them(stand_in_nvidia_smi: Path,
+                                                                            tmp_path: Path) -> None:
+    supervisor = subprocess.Popen(["sleep", "30"], start_new_session=True)  # leads its session, as a job does
+    try:
+        (stand_in_nvidia_smi / "pid").write_text(str(supervisor.pid))
+        status = {"jobs": [{"dataset": "A1", "stage": "extract", "state": "running", "pid": supervisor.pid},
+                           {"dataset": "B5", "stage": "prep", "state": "succeeded", "pid": 1}]}
+        gpus.annotate(tmp_path, status)
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+    assert status["gpus"] == [
+        {"index": 0, "uuid": "GPU-aaa", "utilization": 97.0, "memory_used": 70000.0, "memory_total": 81559.0,
+         "held_by": ["A1/extract"]},
+        {"index": 1, "uuid": "GPU-bbb", "utilization": 0.0, "memory_used": 1.0, "memory_total": 81559.0,
+         "held_by": []},
+    ]
+
+
+def test_the_pipelines_inference_server_is_named_as_the_holder(stand_in_nvidia_smi: Path, tmp_path: Path) -> None:
+    server = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        (stand_in_nvidia_smi / "pid").write_text(str(server.pid))
+        (tmp_path / "jobs" / "pipeline").mkdir(parents=True)
+        (tmp_path / "jobs" / "pipeline" / "server.json").write_text(json.dumps({"pid": server.pid}))
+        status = gpus.annotate(tmp_path, {"jobs": []})
+    finally:
+        server.kill()
+        server.wait()
+    assert status["gpus"][0]["held_by"] == [gpus.SERVER]
+
+
+def test_without_nvidia_smi_there_is_no_gpu_key_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert gpus.annotate(tmp_path, {"jobs": []}) == {"jobs": []}
+
+
+def write_progress(root: Path, key: str, **progress: object) -> None:
+    directory = root / "jobs" / key
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "progress.json").write_text(json.dumps(progress))
+
+
+def job(key: str, state: str, records: int = 0, **fields: object) -> dict:
+    dataset, stage = key.split("/")
+    return {"dataset": dataset, "stage": stage, "state": state, "records": records, "skipped": 0, **fields}
+
+
+def test_a_running_job_with_a_total_gets_its_time_left(tmp_path: Path) -> None:
+    write_progress(tmp_path, "B5/infer", records=900, total=1000, done=1000 - 100, rate=2.0)
+    write_progress(tmp_path, "A1/prep", records=5)  # no total: no ETA
+    status = eta.annotate(tmp_path, {"jobs": [job("B5/infer", "running"), job("A1/prep", "running")]})
+    assert status["jobs"][0]["eta_s"] == 50.0
+    assert status["jobs"][0]["total"] == 1000
+    assert status["jobs"][1]["eta_s"] is None
+
+
+def test_the_pipeline_estimate_replays_the_runner_one_gpu_job_at_a_time() -> None:
+    def node(key: str, needs: list[str], gpu: bool) -> dict:
+        return {"key": key, "needs": needs, "gpu": gpu, "spec": {"stage": key.split("/")[1]}}
+
+    plan = [node("A/prep", [], False), node("B/prep", [], False),
+            node("A/extract", ["A/prep"], True), node("B/extract", ["B/prep"], True)]
+    jobs = [
+        job("A/prep", "succeeded", records=100),
+        job("B/prep", "running", total=300, eta_s=20.0),
+        # A's extract runs at 2 records/s with 100 s left; B's (300 records) waits for the GPU and its prep.
+        job("A/extract", "running", rate=2.0, eta_s=100.0),
+        job("B/extract", "waiting"),
+    ]
+    seconds, complete = eta.pipeline_eta(plan, jobs)
+    assert (seconds, complete) == (100.0 + 300 / 2.0, True)
+
+
+def test_a_job_nothing_is_known_about_makes_the_estimate_a_lower_bound() -> None:
+    plan = [{"key": "A/prep", "needs": [], "gpu": False, "spec": {"stage": "prep"}}]
+    assert eta.pipeline_eta(plan, [job("A/prep", "waiting")]) == (0.0, False)
+
+
+def test_progress_rate_counts_only_this_runs_work_after_a_resume(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    progress = Progress(interval=0)
+    progress.expect(1000)
+    progress.written(500)  # answers from an earlier run
+    progress.resumed()
+    progress.flush()
+    clock[0] += 10
+    progress.written(20)
+    snapshot = progress.snapshot()
+    assert (snapshot["total"], snapshot["done"], snapshot["rate"]) == (1000, 520, 2.0)
+
+
+def test_train_counts_towards_its_total_in_steps() -> None:
+    progress = Progress()
+    progress.expect(40, by="step")
+    progress.written(8)
+    progress.metrics(step=10)
+    assert progress.done == 10
+
+
+def test_rows_are_counted_cheaply_and_capped_by_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(1000)))
+    assert estimate_rows(Source(str(data))) == 1000
+    assert estimate_rows(Source(str(data), limit=10)) == 10
+    assert estimate_rows(Source("org/hub-dataset")) is None
+
+    from remote.prep import count
+
+    monkeypatch.setattr(count, "EXACT_BYTES", 100)
+    monkeypatch.setattr(count, "SAMPLE_BYTES", 2000)  # a big file: estimated from its first bytes
+    assert abs(estimate_rows(Source(str(data))) - 1000) < 50
