@@ -121,12 +121,12 @@ def refresh(fetch: Callable[[], dict[str, Any]], console: Console, title: str, i
     """The live table (`--watch`, `--follow`, the demo): fetched and redrawn every `interval` seconds
     until `until(state)` or Ctrl-C; the last state, whose frame stays on the screen."""
     state = fetch()
-    with Live(status_view.render(state, title=title), console=console, auto_refresh=False) as live:
+    with Live(status_view.render(state, title=title, fit=True), console=console, auto_refresh=False) as live:
         try:
             while not until(state):
                 time.sleep(interval)
                 state = fetch()
-                live.update(status_view.render(state, title=title), refresh=True)
+                live.update(status_view.render(state, title=title, fit=True), refresh=True)
         except KeyboardInterrupt:
             pass
     return state

@@ -1,11 +1,31 @@
-"""The `inv status` table: one row per job, built from a list of columns."""
+"""The `inv status` view: a table of jobs, the host's GPUs, and a summary line.
+
+Two shapes of one view:
+
+- printed once (`inv status`): one row per job, every column that fits;
+- refreshed in place (`--watch`, `inv run --follow`): it fits the terminal.
+  Rows are grouped per dataset: a dataset whose stages all succeeded is one
+  row, its waiting stages are one row, and its succeeded stages are folded
+  into the counts; when that is still too tall, finished and waiting datasets
+  fold into one row each, then running rows give way to an "... more" row.
+  Failed, died, empty and stalled jobs are never folded, and their error is
+  shown in full.
+
+The last column says what the numbers do not: the error, what a job waits
+for, the stage's own note, and only those metrics the note does not already
+state (never `rows=2 tokens=626 kept 2 of 2 rows, 626 tokens`).
+"""
 
 from __future__ import annotations
 
+import re
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable, Iterator
 
+from rich import box
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -24,6 +44,10 @@ STATE_STYLES = {
 }
 
 Job = dict[str, Any]
+#: Below this width the table keeps only the columns a watch needs.
+WIDE = 120
+#: Metrics with a short name in the note.
+SHORT = {"concurrency": "c={:,}", "tokens_per_s": "{:,.0f} tok/s"}
 
 
 @dataclass(frozen=True)
@@ -31,6 +55,8 @@ class Column:
     header: str
     cell: Callable[[Job, "View"], str | Text]
     justify: str = "left"
+    wide_only: bool = False
+    """Shown only when the terminal is at least `WIDE` columns."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +65,8 @@ class View:
 
     now: float
     current_release: str | dict[str, str | None] | None
+    errors_below: bool = False
+    """Bad jobs' errors are shown in full under the table (narrow terminals), not in their cells."""
 
     def current_for(self, job: Job) -> str | None:
         if isinstance(self.current_release, dict):
@@ -55,7 +83,9 @@ def duration(seconds: float) -> str:
     seconds = int(seconds)
     if seconds < 3600:
         return f"{seconds // 60}:{seconds % 60:02d}"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds < 100 * 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
 
 
 def skipped(job: Job, view: View) -> str:
@@ -65,9 +95,22 @@ def skipped(job: Job, view: View) -> str:
     return f"{job['skipped']:,} ({reason})"
 
 
+def records(job: Job, view: View) -> str:
+    return "" if job.get("more") else f"{job['records']:,}"
+
+
 def rate(job: Job, view: View) -> str:
     seconds = elapsed(job, view)
-    return f"{job['records'] / seconds:,.1f}/s" if seconds > 0 and job["records"] else "-"
+    folded = job.get("folded")  # several stages' span: no one rate
+    return f"{job['records'] / seconds:,.1f}/s" if seconds > 0 and job["records"] and not folded else "-"
+
+
+def eta(job: Job, view: View) -> str:
+    """Time left, where the stage said its total; a pipeline's that lacks an estimate for some job is a floor."""
+    seconds = job.get("eta_s")
+    if seconds is None:
+        return "-"
+    return ("≥" if job.get("eta_complete") is False else "") + duration(seconds)
 
 
 def release(job: Job, view: View) -> Text:
@@ -82,25 +125,58 @@ def release(job: Job, view: View) -> Text:
     return Text(short)
 
 
+def facts(job: Job) -> list[str]:
+    """The job's metrics that its message does not already state; zero counters say nothing."""
+    said = {n.replace(",", "") for n in re.findall(r"\d[\d,]*(?:\.\d+)?", job.get("message") or "")}
+    shown = []
+    for key, value in (job.get("metrics") or {}).items():
+        if not isinstance(value, (int, float)) or value == 0 or _plain(value) in said:
+            continue
+        if key in SHORT:
+            shown.append(SHORT[key].format(value))
+        else:
+            shown.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value:,}")
+    return shown
+
+
+def _plain(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def message(job: Job, view: View) -> Text:
-    metrics = job.get("metrics") or {}
-    shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
-    text = job.get("message") or ""
+    """The error in full for a bad job; else what it waits for, or its metrics and note, on one line."""
+    state = JobState(job["state"])
+    if state.is_bad():
+        text = job.get("message") or f"exit {job.get('exit_code')}"
+        if view.errors_below:
+            return Text(text, style="red", no_wrap=True, overflow="ellipsis")
+        return Text(text, style="red", overflow="fold")
     if job.get("waiting_for"):
-        text = "waits for " + ", ".join(job["waiting_for"])
-    bad = JobState(job["state"]).is_bad()
-    return Text(" ".join(part for part in (shown, text) if part), style="red" if bad else "")
+        what = "the GPU (" + ", ".join(job["waiting_for"]) + ")" if "GPU" in (job.get("message") or "") \
+            else ", ".join(job["waiting_for"])
+        text = f"waits for {what}"
+    else:
+        text = " ".join([*(facts(job) if state != JobState.SUCCEEDED else []), job.get("message") or ""]).strip()
+    return Text(text, no_wrap=True, overflow="ellipsis")
+
+
+def state_cell(job: Job, view: View) -> Text:
+    if job.get("more"):
+        return Text("")
+    return Text(job["state"], style=STATE_STYLES[JobState(job["state"])])
 
 
 COLUMNS = [
     Column("dataset", lambda job, view: job["dataset"]),
     Column("stage", lambda job, view: job["stage"]),
-    Column("state", lambda job, view: Text(job["state"], style=STATE_STYLES[JobState(job["state"])])),
-    Column("records", lambda job, view: f"{job['records']:,}", "right"),
-    Column("skipped", skipped, "right"),
+    Column("state", state_cell),
+    Column("records", records, "right"),
+    Column("skipped", skipped, "right", wide_only=True),
     Column("rate", rate, "right"),
-    Column("elapsed", lambda job, view: duration(elapsed(job, view)) if job.get("started_at") else "-", "right"),
-    Column("release", release),
+    Column("elapsed", lambda job, view: duration(elapsed(job, view)) if job.get("started_at") else "-", "right",
+           wide_only=True),
+    Column("eta", eta, "right"),
+    Column("release", release, wide_only=True),
     Column("last line / error", message),
 ]
 
@@ -109,22 +185,215 @@ HOST = Column("host", lambda job, view: job.get("host", ""))
 UNREACHABLE = "unreachable"
 
 
-def render(status: dict[str, Any], title: str | None = None) -> Table | Text:
-    """The table; with several hosts, a host column and a row for each host that did not answer."""
-    unreachable = status.get("unreachable", [])
-    if not status["jobs"] and not unreachable:
+def render(status: dict[str, Any], title: str | None = None, fit: bool = False) -> RenderableType:
+    """The view; `fit`: grouped and folded to the terminal's height (for a view refreshed in place)."""
+    if not status["jobs"] and not status.get("unreachable"):
         return Text("No jobs yet.")
-    view = View(now=status.get("now") or time.time(), current_release=status.get("current_release"))
-    columns = [HOST, *COLUMNS] if isinstance(view.current_release, dict) else COLUMNS
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column.header, justify=column.justify, overflow="fold" if column.header.startswith("last") else "ellipsis")  # type: ignore[arg-type]
-    for job in status["jobs"]:
-        table.add_row(*(column.cell(job, view) for column in columns))
-    for host in unreachable:
-        blank = [""] * (len(columns) - 3)
-        table.add_row(host["host"], "*", Text(UNREACHABLE, "bold red"), *blank[:-1], Text(host["message"], "red"))
-    return table
+    return StatusView(status, title, fit)
+
+
+class StatusView:
+    """Sized at render time, from the console it is drawn on."""
+
+    def __init__(self, status: dict[str, Any], title: str | None, fit: bool) -> None:
+        self.status = status
+        self.title = title
+        self.fit = fit
+        self.view = View(now=status.get("now") or time.time(), current_release=status.get("current_release"))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        multi = isinstance(self.view.current_release, dict)
+        wide = options.max_width >= WIDE
+        columns = [c for c in ([HOST, *COLUMNS] if multi else COLUMNS) if wide or not c.wide_only]
+        self.view = replace(self.view, errors_below=not wide)
+        footer = [*(errors(self.status["jobs"]) if not wide else []),
+                  *gpu_lines(self.status.get("gpus") or []), *summary(self.status, options.max_width)]
+        if not self.fit:
+            yield self.table(columns, self.status["jobs"], boxed=True)
+            yield from footer
+            return
+        if self.title:
+            yield Text(self.title, no_wrap=True, overflow="ellipsis", style="bold")
+        room = (options.height or options.size.height) - (1 if self.title else 0) - self.lines(console, options, *footer)
+        for table in self.candidates(columns):
+            if self.lines(console, options, table) <= room:
+                break
+        yield table
+        yield from footer
+
+    @staticmethod
+    def lines(console: Console, options: ConsoleOptions, *renderables: RenderableType) -> int:
+        return sum(len(console.render_lines(r, options.update(height=None), pad=False)) for r in renderables)
+
+    def candidates(self, columns: list[Column]) -> Iterator[Table]:
+        """Tables from the least folded to the most; the caller takes the first that fits."""
+        for level in range(3):
+            yield self.table(columns, grouped(self.status["jobs"], level))
+        rows = grouped(self.status["jobs"], 2)
+        for keep in range(len(rows) - 1, -1, -1):  # running rows give way; bad rows never do
+            yield self.table(columns, trimmed(rows, keep))
+
+    def table(self, columns: list[Column], jobs: Iterable[Job], boxed: bool = False) -> Table:
+        if boxed:
+            table = Table(title=self.title, title_justify="left")
+        else:
+            table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for column in columns:
+            table.add_column(column.header, justify=column.justify,  # type: ignore[arg-type]
+                             no_wrap=column.header != COLUMNS[-1].header, overflow="ellipsis")
+        for job in jobs:
+            table.add_row(*(column.cell(job, self.view) for column in columns))
+        for host in self.status.get("unreachable", []):
+            blank = [""] * (len(columns) - 3)
+            table.add_row(host["host"], "*", Text(UNREACHABLE, "bold red"), *blank[:-1], Text(host["message"], "red"))
+        return table
+
+
+# -- grouping ----------------------------------------------------------------
+
+
+def grouped(jobs: list[Job], level: int) -> list[Job]:
+    """Rows for a view that fits: bad jobs, then running ones, then one row per waiting dataset,
+    then one per finished dataset. Level 1 folds the finished datasets into one row; level 2 the
+    waiting ones too."""
+    bad, active, waiting, done = [], [], [], []
+    for dataset, its in _by_dataset(jobs).items():
+        shown = [j for j in its if JobState(j["state"]) not in (JobState.WAITING, JobState.SUCCEEDED)]
+        bad += [j for j in shown if JobState(j["state"]).is_bad()]
+        active += [j for j in shown if not JobState(j["state"]).is_bad()]
+        queued = [j for j in its if j["state"] == JobState.WAITING.value]
+        if queued and not shown:
+            waiting.append(_waiting_row(queued))
+        elif not shown and not queued:
+            done.append(_done_row(its))
+    if level >= 1 and len(done) > 1:
+        done = [_many(done, JobState.SUCCEEDED)]
+    if level >= 2 and len(waiting) > 1:
+        waiting = [_many(waiting, JobState.WAITING)]
+    return bad + active + waiting + done
+
+
+def trimmed(rows: list[Job], keep: int) -> list[Job]:
+    """At most `keep` rows that are not bad, then one saying how many more there are (`inv status` lists all)."""
+    bad = [r for r in rows if JobState(r["state"]).is_bad()]
+    rest = [r for r in rows if not JobState(r["state"]).is_bad()]
+    if len(rest) <= keep:
+        return rows
+    hidden = Counter(r["state"] for r in rest[keep:])
+    more = ", ".join(f"{n} {state}" for state, n in hidden.items())
+    return bad + rest[:keep] + [_row("...", "", "stopped", more=True, folded=True,
+                                     message=f"{len(rest) - keep} more: {more}")]
+
+
+def _by_dataset(jobs: list[Job]) -> dict[str, list[Job]]:
+    groups: dict[str, list[Job]] = {}
+    for job in jobs:
+        groups.setdefault(f"{job.get('host', '')}\0{job['dataset']}", []).append(job)
+    return groups
+
+
+def _row(dataset: str, stage: str, state: str, **fields: Any) -> Job:
+    return {"dataset": dataset, "stage": stage, "state": state, "records": 0, "skipped": 0, "skip_reasons": {},
+            "metrics": {}, "message": "", **fields}
+
+
+def _done_row(jobs: list[Job]) -> Job:
+    last = jobs[-1]
+    started = [j["started_at"] for j in jobs if j.get("started_at")]
+    ended = [j["ended_at"] for j in jobs if j.get("ended_at")]
+    if len(jobs) == 1:
+        return last
+    return {**last, "stage": f"{len(jobs)} stages", "folded": True,
+            "started_at": min(started, default=None), "ended_at": max(ended, default=None)}
+
+
+def _waiting_row(jobs: list[Job]) -> Job:
+    """A dataset's waiting stages: the first, and how many follow it."""
+    first = jobs[0]
+    return {**first, "stage": first["stage"] + (f" +{len(jobs) - 1}" if len(jobs) > 1 else "")}
+
+
+def _many(rows: list[Job], state: JobState) -> Job:
+    names = ", ".join(r["dataset"] for r in rows)
+    return _row(f"{len(rows)} datasets", "", state.value, records=sum(r["records"] for r in rows),
+                message=names, folded=True)
+
+
+# -- GPUs and the summary -----------------------------------------------------
+
+
+def errors(jobs: list[Job]) -> list[Text]:
+    """Each bad job's error in full, under a narrow table whose cells can hold only its start."""
+    lines = []
+    for job in jobs:
+        if JobState(job["state"]).is_bad():
+            line = Text(f"{job.get('host') + ' ' if job.get('host') else ''}{job['dataset']}/{job['stage']} "
+                        f"{job['state']}: ", style="bold red")
+            line.append(job.get("message") or f"exit {job.get('exit_code')}", style="red")
+            lines.append(line)
+    return lines
+
+
+def gpu_lines(gpus: list[dict[str, Any]]) -> list[Text]:
+    """One line per group of GPUs with the same holder: indices, utilisation range, memory."""
+    groups: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = {}
+    for gpu in gpus:
+        groups.setdefault((gpu.get("host", ""), tuple(gpu.get("held_by") or ())), []).append(gpu)
+    lines = []
+    for (host, holders), members in groups.items():
+        utils = [g["utilization"] for g in members if g.get("utilization") is not None]
+        used = sum(g.get("memory_used") or 0 for g in members) / 1024
+        total = sum(g.get("memory_total") or 0 for g in members) / 1024
+        util = "-" if not utils else f"{min(utils):.0f}%" if min(utils) == max(utils) else f"{min(utils):.0f}-{max(utils):.0f}%"
+        label = "GPU" if len(members) == 1 else "GPUs"
+        where = f"{host} " if host else ""
+        line = Text(f"{where}{label} {_ranges([g['index'] for g in members])}: ", style="bold")
+        line.append(f"util {util}, mem {used:,.0f}/{total:,.0f} GiB, ")
+        line.append(", ".join(holders) if holders else "idle", style="cyan" if holders else "dim")
+        line.no_wrap, line.overflow = True, "ellipsis"
+        lines.append(line)
+    return lines
+
+
+def _ranges(indices: list[int]) -> str:
+    parts, run = [], []
+    for i in sorted(indices):
+        if run and i != run[-1] + 1:
+            parts.append(run)
+            run = []
+        run.append(i)
+    parts.append(run)
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in parts if r)
+
+
+def summary(status: dict[str, Any], width: int = 10_000) -> list[Text]:
+    """The time left and the output tokens/s of the running jobs, then the jobs per state (in lifecycle
+    order): one line, or two where one would not fit `width`."""
+    jobs = status["jobs"]
+    counts = Counter(JobState(j["state"]) for j in jobs)
+    running = [j for j in jobs if j["state"] in ("running", "stalled")]
+    tokens = sum((j.get("metrics") or {}).get("tokens_per_s", 0) for j in running)
+    figures = Text(" · ".join(f for f in (_time_left(running), f"{tokens:,.0f} tok/s" if tokens else "") if f),
+                   style="bold")
+    states = Text(f"{len(jobs)} job{'s' * (len(jobs) != 1)}: ")
+    states.append_text(Text(", ").join(Text(f"{counts[s]} {s.value}", style=STATE_STYLES[s]) for s in JobState if counts[s]))
+    if status.get("unreachable"):
+        states.append(f" · {len(status['unreachable'])} host(s) unreachable", style="bold red")
+    if not figures.plain:
+        return [states]
+    if len(figures) + 3 + len(states) > width:
+        return [figures, states]
+    return [Text(" · ").join([figures, states])]
+
+
+def _time_left(running: list[Job]) -> str:
+    """The pipeline's estimate when a runner has one; else the longest running job's."""
+    runners = [j for j in running if j["stage"] == "run" and j.get("eta_s") is not None]
+    if runners:
+        longest = max(runners, key=lambda j: j["eta_s"])
+        return f"ETA {eta(longest, View(0, None))}"
+    etas = [j for j in running if j.get("eta_s") is not None]
+    return f"ETA {eta(max(etas, key=lambda j: j['eta_s']), View(0, None))}" if etas else ""
 
 
 def any_bad(status: dict[str, Any]) -> bool:
@@ -132,14 +401,32 @@ def any_bad(status: dict[str, Any]) -> bool:
 
 
 JSON_KEYS = ("host", "dataset", "stage", "state", "records", "skipped", "skip_reasons", "exit_code", "release",
-             "started_at", "ended_at", "message", "metrics", "waiting_for", "blocked_by", "signal", "slurm_job_id", "slurm_state",
-             "node")
+             "started_at", "ended_at", "message", "metrics", "waiting_for", "blocked_by", "signal", "slurm_job_id",
+             "slurm_state", "node", "total", "done", "rate", "eta_s", "eta_complete", "gpus")
 
 
-#: Keys shown only where they apply: several hosts, the Slurm backend.
-OPTIONAL_KEYS = {"host", "slurm_job_id", "slurm_state", "node"}
+#: Keys shown only where they apply: several hosts, the Slurm backend, a pipeline's estimate, GPUs held.
+OPTIONAL_KEYS = {"host", "slurm_job_id", "slurm_state", "node", "eta_complete", "gpus"}
 
 
 def as_json(status: dict[str, Any]) -> list[dict[str, Any]]:
-    jobs = [{key: job.get(key) for key in JSON_KEYS if key in job or key not in OPTIONAL_KEYS} for job in status["jobs"]]
+    """One object per job (with the GPUs it holds, where the host has any), then one per unreachable host."""
+    jobs = [{key: job.get(key) for key in JSON_KEYS if key in job or key not in OPTIONAL_KEYS}
+            for job in _with_gpus(status)]
     return jobs + [{"host": h["host"], "state": UNREACHABLE, "message": h["message"]} for h in status.get("unreachable", [])]
+
+
+def _with_gpus(status: dict[str, Any]) -> list[Job]:
+    """Each job with the GPUs it holds; the inference server's GPUs go to the infer jobs it serves."""
+    gpus = status.get("gpus") or []
+    if not gpus:
+        return status["jobs"]
+    jobs = []
+    for job in status["jobs"]:
+        key = f"{job['dataset']}/{job['stage']}"
+        serving = job["stage"] == "infer" and job["state"] in ("running", "stalled")
+        held = [{k: g.get(k) for k in ("index", "utilization", "memory_used", "memory_total")}
+                for g in gpus if g.get("host") == job.get("host")
+                and (key in g.get("held_by", []) or (serving and "inference server" in g.get("held_by", [])))]
+        jobs.append({**job, "gpus": held} if held else job)
+    return jobs

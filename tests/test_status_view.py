@@ -19,9 +19,9 @@ def job(**fields) -> dict:  # noqa: ANN003
     return {**base, **fields}
 
 
-def render(status: dict, width: int = 120) -> str:
-    console = Console(file=io.StringIO(), width=width, force_terminal=False, color_system=None)
-    console.print(status_view.render(status))
+def render(status: dict, width: int = 120, height: int = 24, fit: bool = False, title: str | None = None) -> str:
+    console = Console(file=io.StringIO(), width=width, height=height, force_terminal=False, color_system=None)
+    console.print(status_view.render(status, title=title, fit=fit))
     return console.file.getvalue()  # type: ignore[attr-defined]
 
 
@@ -30,12 +30,13 @@ def test_no_jobs_says_so_in_words() -> None:
 
 
 EXPECTED_TABLE = """\
-┏━━━━━━━━━┳━━━━━━━┳━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━┓
-┃ dataset ┃ stage ┃ state   ┃ records ┃                   skipped ┃   rate ┃ elapsed ┃ release        ┃ last line / error        ┃
-┡━━━━━━━━━╇━━━━━━━╇━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━┩
-│ A1      │ prep  │ running │   2,500 │ 2,809 (no assistant turn) │ 25.0/s │    1:40 │ aaaa1111 (old) │ step 3                   │
-│ B5      │ prep  │ failed  │       0 │                         0 │      - │    1:00 │ bbbb2222       │ exit 1: KeyError: 'from' │
-└─────────┴───────┴─────────┴─────────┴───────────────────────────┴────────┴─────────┴────────────────┴──────────────────────────┘
+┏━━━━━━━━━┳━━━━━━━┳━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━━┳━━━━━┳━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━┓
+┃ dataset ┃ stage ┃ state   ┃ records ┃                   skipped ┃   rate ┃ elapsed ┃ eta ┃ release        ┃ last line / error        ┃
+┡━━━━━━━━━╇━━━━━━━╇━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━╇━━━━━╇━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━┩
+│ A1      │ prep  │ running │   2,500 │ 2,809 (no assistant turn) │ 25.0/s │    1:40 │   - │ aaaa1111 (old) │ step 3                   │
+│ B5      │ prep  │ failed  │       0 │                         0 │      - │    1:00 │   - │ bbbb2222       │ exit 1: KeyError: 'from' │
+└─────────┴───────┴─────────┴─────────┴───────────────────────────┴────────┴─────────┴─────┴────────────────┴──────────────────────────┘
+2 jobs: 1 running, 1 failed
 """
 
 
@@ -51,7 +52,7 @@ def test_the_table_shows_counts_top_skip_reason_rate_elapsed_and_an_old_release(
 
 def test_headers_are_the_documented_columns_in_order() -> None:
     assert [c.header for c in status_view.COLUMNS] == [
-        "dataset", "stage", "state", "records", "skipped", "rate", "elapsed", "release", "last line / error"]
+        "dataset", "stage", "state", "records", "skipped", "rate", "elapsed", "eta", "release", "last line / error"]
 
 
 def test_every_state_has_a_colour_and_the_bad_ones_make_status_fail() -> None:
@@ -77,3 +78,121 @@ def test_json_rows_carry_the_documented_keys() -> None:
 def test_waiting_jobs_say_what_they_wait_for() -> None:
     out = render({"now": NOW, "current_release": None, "jobs": [job(state="waiting", waiting_for=["A1/prep"])]})
     assert "waits for A1/prep" in out
+
+
+def pipeline_status() -> dict:
+    """An `inv run` of 10 prompts datasets (4 stages each), the draft and the runner: 42 jobs, mid-way."""
+    jobs = []
+    for i, name in enumerate(["A1", "B5", "B8", "C1", "C2", "C3", "D1", "D2", "D3", "D4"]):
+        states = (["succeeded"] * 4 if i < 4 else
+                  ["succeeded", "running", "waiting", "waiting"] if i == 4 else
+                  ["succeeded", "failed", "waiting", "waiting"] if i == 5 else
+                  ["running", "waiting", "waiting", "waiting"] if i < 8 else
+                  ["succeeded", "waiting", "waiting", "waiting"])
+        for stage, state in zip(["prep", "infer", "tokenize", "extract"], states):
+            fields: dict = {}
+            if state == "succeeded":
+                fields = dict(records=2000 + i, ended_at=NOW - 10, metrics={"rows": 2000 + i, "tokens": 626000},
+                              message=f"kept {2000 + i} of {2000 + i} rows, 626000 tokens")
+            elif state == "running" and stage == "infer":
+                fields = dict(records=500, eta_s=3700.0, message="answering prompts (0 done before)",
+                              metrics={"concurrency": 24, "tokens_per_s": 1234.5, "retries": 0})
+            elif state == "running":
+                fields = dict(records=500, eta_s=600.0, metrics={"rows": 900}, message="reading rows.jsonl")
+            elif state == "failed":
+                fields = dict(exit_code=1, ended_at=NOW - 5, message=(
+                    "infer C3: 120 of 83288 prompts not answered (http 500: 120) by http://127.0.0.1:30000/v1; "
+                    "check the server, then `inv rerun --failed` continues where this stopped"))
+            elif state == "waiting":
+                fields = dict(started_at=None, waiting_for=[f"{name}/prep"])
+            jobs.append(job(dataset=name, stage=stage, state=state, **fields))
+    jobs.append(job(dataset="draft", stage="train", state="waiting", started_at=None, waiting_for=["A1/extract"]))
+    jobs.append(job(dataset="pipeline", stage="run", records=20, eta_s=36000.0, eta_complete=False,
+                    message="inference server healthy"))
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "utilization": 95 + i % 3, "memory_used": 70000, "memory_total": 81559,
+             "held_by": ["inference server"]} for i in range(8)]
+    return {"now": NOW, "current_release": "20261129-101010-aaaa1111", "jobs": jobs, "gpus": gpus}
+
+
+EXPECTED_WATCH = """\
+gpu:/root/eagle3-train
+dataset    stage      state       records    rate       eta   last line / error 
+────────────────────────────────────────────────────────────────────────────────
+C3         infer      failed            0       -         -   infer C3: 120 of …
+C2         infer      running         500   5.0/s     1h01m   c=24 1,234 tok/s …
+D1         prep       running         500   5.0/s     10:00   rows=900 reading …
+D2         prep       running         500   5.0/s     10:00   rows=900 reading …
+pipeline   run        running          20   0.2/s   ≥10h00m   inference server …
+D3         infer +2   waiting           0       -         -   waits for D3/prep 
+D4         infer +2   waiting           0       -         -   waits for D4/prep 
+draft      train      waiting           0       -         -   waits for A1/extr…
+A1         4 stages   succeeded     2,000       -         -   kept 2000 of 2000…
+B5         4 stages   succeeded     2,001       -         -   kept 2001 of 2001…
+B8         4 stages   succeeded     2,002       -         -   kept 2002 of 2002…
+C1         4 stages   succeeded     2,003       -         -   kept 2003 of 2003…
+C3/infer failed: infer C3: 120 of 83288 prompts not answered (http 500: 120) by 
+http://127.0.0.1:30000/v1; check the server, then `inv rerun --failed` continues
+where this stopped
+GPUs 0-7: util 95-97%, mem 547/637 GiB, inference server
+ETA ≥10h00m · 1,234 tok/s
+42 jobs: 17 waiting, 4 running, 20 succeeded, 1 failed
+"""
+
+
+def test_a_42_job_watch_fits_80x24_with_succeeded_stages_folded_and_the_failure_in_full() -> None:
+    out = render(pipeline_status(), width=80, height=24, fit=True, title="gpu:/root/eagle3-train")
+    assert out == EXPECTED_WATCH
+    assert len(out.splitlines()) <= 24
+
+
+def test_a_shorter_terminal_folds_finished_and_waiting_datasets_then_running_rows_but_never_failures() -> None:
+    out = render(pipeline_status(), width=80, height=16, fit=True)
+    assert len(out.splitlines()) <= 16
+    assert "C3/infer failed: infer C3: 120 of 83288 prompts not answered" in out  # still in full
+    folded = [line for line in out.splitlines() if line.startswith("4 datasets")]  # A1..C1 in one row
+    assert len(folded) == 1 and "succeeded" in folded[0] and "A1, B5, B8, C1" in folded[0]
+    tiny = render(pipeline_status(), width=80, height=12, fit=True)
+    assert len(tiny.splitlines()) <= 12
+    assert "4 more: 2 running" in tiny and "C3/infer failed" in tiny
+
+
+def test_printed_once_every_job_has_its_row() -> None:
+    out = render(pipeline_status(), width=80)
+    assert sum(" tokenize " in line for line in out.splitlines()) == 10
+
+
+def test_the_note_states_only_what_the_numbers_do_not() -> None:
+    prep = job(state="succeeded", records=2, metrics={"rows": 2, "tokens": 626}, message="kept 2 of 2 rows, 626 tokens")
+    infer = job(stage="infer", metrics={"concurrency": 24, "tokens_per_s": 1234.0, "retries": 0, "truncated": 3},
+                message="answering prompts")
+    view = status_view.View(NOW, None)
+    assert status_view.message(prep, view).plain == "kept 2 of 2 rows, 626 tokens"
+    assert status_view.message(infer, view).plain == "c=24 1,234 tok/s truncated=3 answering prompts"
+
+
+def test_the_summary_counts_states_in_lifecycle_order_with_tokens_per_second_and_the_longest_eta() -> None:
+    status = {"jobs": [job(state="succeeded"), job(eta_s=70.0, metrics={"tokens_per_s": 100.0}),
+                       job(eta_s=4000.0, metrics={"tokens_per_s": 50.5}), job(state="failed")]}
+    assert [line.plain for line in status_view.summary(status)] == [
+        "ETA 1h06m · 150 tok/s · 4 jobs: 2 running, 1 succeeded, 1 failed"]
+    assert [line.plain for line in status_view.summary(status, width=60)] == [
+        "ETA 1h06m · 150 tok/s", "4 jobs: 2 running, 1 succeeded, 1 failed"]
+
+
+def test_gpus_are_grouped_by_holder_with_utilisation_range_and_memory() -> None:
+    gpus = [{"index": i, "utilization": u, "memory_used": 40960, "memory_total": 81920, "held_by": h}
+            for i, u, h in [(0, 90, ["A1/extract"]), (1, 99, ["A1/extract"]), (3, 0, [])]]
+    assert [line.plain for line in status_view.gpu_lines(gpus)] == [
+        "GPUs 0-1: util 90-99%, mem 80/160 GiB, A1/extract",
+        "GPU 3: util 0%, mem 40/80 GiB, idle",
+    ]
+
+
+def test_json_has_eta_and_the_gpus_each_job_holds() -> None:
+    status = {"jobs": [job(stage="infer", eta_s=12.5, total=100, done=50), job(dataset="B5", state="succeeded")],
+              "gpus": [{"index": 0, "utilization": 97.0, "memory_used": 1.0, "memory_total": 2.0,
+                        "held_by": ["inference server"]}]}
+    rows = status_view.as_json(status)
+    assert (rows[0]["eta_s"], rows[0]["total"], rows[0]["done"]) == (12.5, 100, 50)
+    assert rows[0]["gpus"] == [{"index": 0, "utilization": 97.0, "memory_used": 1.0, "memory_total": 2.0}]
+    assert "gpus" not in rows[1] and rows[1]["eta_s"] is None
