@@ -7,6 +7,11 @@ by the `openai` package. The infer stage also journals every answer durably
 keeps (aim: 0.9 or more). The server is a real ``transformers serve`` of the
 tiny model on loopback; greedy decoding, so every client gets the same tokens.
 
+The second part, `autotune`, drives a stand-in server whose throughput
+saturates at a known concurrency and falls past it (`tests/saturating_server.py`)
+with the stage at pinned concurrencies 4, the knee and 64, and at ``auto``;
+each figure is the output tokens/s the server gave, as a ratio to its best.
+
 Usage: ``python -m benchmarks.bench_infer`` (prints JSON), or ``run()`` from `inv bench`.
 """
 
@@ -26,6 +31,7 @@ from remote.progress import Progress
 from remote.stages import StageContext
 from remote.stages import infer
 from tests.infer_fixtures import Server, build_tiny_model, make_prompts, stage_env, write_prep
+from tests.saturating_server import SaturatingServer
 
 #: Every client asks for the same sampling, so the server does the same work for each.
 SAMPLING = {"temperature": 0.7, "top_p": 1.0}
@@ -78,7 +84,46 @@ def timed(client: Callable[..., int], *args: Any) -> tuple[float, int]:
     return time.perf_counter() - started, tokens
 
 
+def autotune(records: int = 400, knee: int = 16, per_request: float = 200.0, tokens: int = 100) -> dict[str, Any]:
+    """Output tokens/s of the stage at pinned 4, the knee and 64, and at auto, against the saturating server.
+
+    Each run is the whole stage over `records` prompts (ramp included); ``held`` is
+    the second half of the run, once `auto` has found its level.
+    """
+    levels: list[int | str] = [4, knee, 64, "auto"]
+    figures: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp, SaturatingServer(knee, per_request, tokens) as server:
+        for level in levels:
+            data = Path(tempfile.mkdtemp(dir=tmp)) / "data" / "bench"
+            write_prep(data, make_prompts(records))
+            settings = {"server_url": server.url, "model": "stand-in", "concurrency": level, "max_concurrency": 256}
+            progress = Progress()
+            started = time.monotonic()
+            infer.run_stage(StageContext.from_env(stage_env(data, settings)), progress)
+            ended = time.monotonic()
+            figures[str(level)] = {
+                "tokens_per_s": round(server.tokens_per_s(started, ended), 1),
+                "held_tokens_per_s": round(server.tokens_per_s((started + ended) / 2, ended), 1),
+                "final_concurrency": progress.values["concurrency"],
+            }
+        best = server.best
+    ratios = {f"{name}_to_best": round(f["tokens_per_s"] / best, 3) for name, f in figures.items()}
+    return {
+        "server": f"stand-in, best {best:.0f} tokens/s at concurrency {knee}, (knee/n)^0.5 past it",
+        "records": records,
+        "runs": figures,
+        **ratios,
+        "auto_held_to_best": round(figures["auto"]["held_tokens_per_s"] / best, 3),
+        "auto_to_best_pinned": round(figures["auto"]["tokens_per_s"] / figures[str(knee)]["tokens_per_s"], 3),
+    }
+
+
 def run(records: int = 32, concurrency: int = 4, max_tokens: int = 16, rounds: int = 3) -> dict[str, Any]:
+    """The client against plain clients on a real server, then `auto` against pinned levels on a stand-in."""
+    return {**clients(records, concurrency, max_tokens, rounds), "autotune": autotune()}
+
+
+def clients(records: int = 32, concurrency: int = 4, max_tokens: int = 16, rounds: int = 3) -> dict[str, Any]:
     """Prompts/s of each client (median of `rounds`, interleaved) and the stage's ratio to each plain one."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

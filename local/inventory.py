@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from local.errors import AerieError
 
@@ -91,7 +91,7 @@ class Prep(Stage):
 class Infer(Stage):
     server_url: str = "http://127.0.0.1:30000/v1"
     model: str = "default"
-    concurrency: Literal["auto"] | Annotated[int, Field(ge=1)] = Field(
+    concurrency: Literal["auto"] | int = Field(
         "auto", description="requests in flight; auto: the level with the most output tokens/s")
     max_concurrency: int = Field(256, ge=1, description="the most requests in flight that auto may try")
     timeout: float = Field(600.0, gt=0)
@@ -104,6 +104,13 @@ class Infer(Stage):
     server_command: str | None = Field(None, description="starts the inference server; None: managed outside aerie")
     server_start_timeout: float = Field(1800.0, gt=0)
     server_env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _auto_or_count(cls, value: Any) -> Any:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError("expected auto or a whole number of requests >= 1")
 
 
 class Extract(Stage):

@@ -109,3 +109,12 @@ def test_the_host_refuses_a_job_name_that_would_leave_its_root(tmp_path: Path) -
 
     with pytest.raises(HostError, match="'../../etc' is not a job name"):
         JobStore(tmp_path).directory("../../etc", "prep")
+
+
+def test_infer_concurrency_is_auto_by_default_a_number_pins_it_and_anything_else_is_one_line(tmp_path: Path) -> None:
+    base = "backend: local\nhost: {root: r}\n"
+    assert load(write(tmp_path, base)).stages.infer.concurrency == "auto"
+    assert load(write(tmp_path, base + "stages: {infer: {concurrency: 12}}\n")).stages.infer.concurrency == 12
+    for bad in ("fast", 0, True):
+        with pytest.raises(AerieError, match=r"stages.infer.concurrency: expected auto or a whole number of requests >= 1 \(got"):
+            load(write(tmp_path, base + f"stages: {{infer: {{concurrency: {str(bad).lower()}}}}}\n"))
