@@ -4,6 +4,7 @@ Not a mock of aerie: it is an ordinary stage that the real supervisor runs. The
 dataset's `source` says what to do, e.g. ``records=5 sleep=0.1 exit=0``:
 
 - ``records``: how many records to report written (one per ``sleep`` seconds)
+- ``total``: the total to announce first (`Progress.expect`), for the time left
 - ``skip``: how many to report skipped, as ``reason`` (default "bad row")
 - ``exit``: the exit code
 - ``hold``: seconds to sleep afterwards without reporting (for `stalled`)
@@ -68,6 +69,8 @@ def work(ctx: StageContext, plan: dict[str, str]) -> int:
         (ctx.output / "child.pid").write_text(str(child.pid))
     with Progress.from_env(interval=0) as progress:
         print(f"scripted stage for {ctx.dataset} writes to {ctx.output}", flush=True)
+        if plan.get("total"):
+            progress.expect(int(plan["total"]))
         for _ in range(int(plan.get("skip", 0))):
             progress.skipped(plan.get("reason", "bad row"))
         for index in range(int(plan.get("records", 0))):
