@@ -65,3 +65,28 @@ def test_gpus_appear_with_their_holder_when_the_host_has_nvidia_smi(tmp_path: Pa
         assert "GPU 1: util 0%, mem 0/80 GiB, idle" in table
     finally:
         bench.inv("stop", "--all")
+
+
+def test_an_inv_run_pipeline_has_a_time_left_for_the_whole_run(tmp_path: Path, free_port: int) -> None:
+    from tests.test_pipeline import pipeline_inventory
+
+    bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local", None)
+    plans = tmp_path / "plans"
+    pipeline_inventory(bench, plans, free_port, {"A": "native", "B": "native"})
+    for dataset in ("A", "B"):
+        (plans / f"{dataset}.prep").write_text("records=10 total=10")
+        (plans / f"{dataset}.extract").write_text("records=10 sleep=0.4 total=10")  # extract reads prep's 10
+    bench.inv("deploy")
+    bench.inv("run")
+    seen: dict = {}
+
+    def estimated() -> bool:
+        seen.update(bench.poll())
+        a = seen.get("A/extract", {})
+        return a.get("state") == "running" and a.get("eta_s") is not None and seen["pipeline/run"].get("eta_s") is not None
+
+    wait_for(estimated, 60, "A/extract running with a time left")
+    runner, a_left = seen["pipeline/run"], seen["A/extract"]["eta_s"]
+    # B's extract (10 records at A's rate) waits for the GPU after A's; the draft's training has no estimate yet.
+    assert runner["eta_s"] > a_left and runner["eta_complete"] is False
+    bench.wait_state("pipeline/run", {"succeeded"}, timeout=90)
