@@ -151,12 +151,14 @@ def message(job: Job, view: View) -> Text:
         if view.errors_below:
             return Text(text, style="red", no_wrap=True, overflow="ellipsis")
         return Text(text, style="red", overflow="fold")
-    if job.get("waiting_for"):
-        what = "the GPU (" + ", ".join(job["waiting_for"]) + ")" if "GPU" in (job.get("message") or "") \
-            else ", ".join(job["waiting_for"])
-        text = f"waits for {what}"
+    note = job.get("message") or ""
+    if job.get("waiting_for") and note.startswith("blocked"):
+        text = note  # it will not start in this run: say why, not what it waited for
+    elif job.get("waiting_for"):
+        needs = ", ".join(job["waiting_for"])
+        text = f"waits for the GPU ({needs})" if "GPU" in note else f"waits for {needs}"
     else:
-        text = " ".join([*(facts(job) if state != JobState.SUCCEEDED else []), job.get("message") or ""]).strip()
+        text = " ".join([*facts(job), note]).strip()
     return Text(text, no_wrap=True, overflow="ellipsis")
 
 

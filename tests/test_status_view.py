@@ -196,3 +196,11 @@ def test_json_has_eta_and_the_gpus_each_job_holds() -> None:
     assert (rows[0]["eta_s"], rows[0]["total"], rows[0]["done"]) == (12.5, 100, 50)
     assert rows[0]["gpus"] == [{"index": 0, "utilization": 97.0, "memory_used": 1.0, "memory_total": 2.0}]
     assert "gpus" not in rows[1] and rows[1]["eta_s"] is None
+
+
+def test_a_waiting_job_blocked_behind_a_failure_says_so() -> None:
+    blocked = job(state="waiting", waiting_for=["A1/prep"], message="blocked: A1/prep did not succeed")
+    gpu = job(state="waiting", waiting_for=["B5/extract"], message="the GPU is in use")
+    view = status_view.View(NOW, None)
+    assert status_view.message(blocked, view).plain == "blocked: A1/prep did not succeed"
+    assert status_view.message(gpu, view).plain == "waits for the GPU (B5/extract)"
