@@ -2,7 +2,8 @@
 
 Suites: control (status, launch and deploy over a loopback sshd), prep (with
 Kimi-K2.5's tokenizer, vs. a plain apply_chat_template + encode loop), infer (the stage's client vs.
-plain clients on the same server), extract (capture vs. a bare forward pass),
+plain clients on the same server; `concurrency: auto` vs. pinned 4, 16 and 64 on a
+saturating stand-in), extract (capture vs. a bare forward pass),
 slurm (launch and status of 40 jobs on the test cluster). Figures are recorded in
 docs/benchmarks.md.
 """
