@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -148,10 +149,38 @@ def test_rows_are_counted_cheaply_and_capped_by_limit(tmp_path: Path, monkeypatc
     data.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(1000)))
     assert estimate_rows(Source(str(data))) == 1000
     assert estimate_rows(Source(str(data), limit=10)) == 10
-    assert estimate_rows(Source("org/hub-dataset")) is None
 
     from remote.prep import count
 
     monkeypatch.setattr(count, "EXACT_BYTES", 100)
     monkeypatch.setattr(count, "SAMPLE_BYTES", 2000)  # a big file: estimated from its first bytes
     assert abs(estimate_rows(Source(str(data))) - 1000) < 50
+
+
+def fake_datasets(monkeypatch: pytest.MonkeyPatch, builder: object) -> list:
+    """A stand-in `datasets` module (the real one is slow to import, and offline here)."""
+    import types
+
+    asked: list = []
+
+    def load_dataset_builder(name: str, config: str | None) -> object:
+        asked.append((name, config))
+        if isinstance(builder, Exception):
+            raise builder
+        return builder
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset_builder=load_dataset_builder))
+    return asked
+
+
+def test_a_hub_datasets_rows_come_from_its_split_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    builder = types.SimpleNamespace(info=types.SimpleNamespace(splits={"train": types.SimpleNamespace(num_examples=83288)}))
+    asked = fake_datasets(monkeypatch, builder)
+    assert estimate_rows(Source("open-thoughts/OpenThoughts-114k", split="train")) == 83288
+    assert estimate_rows(Source("open-thoughts/OpenThoughts-114k", split="test")) is None  # no such split
+    assert asked[0] == ("open-thoughts/OpenThoughts-114k", None)
+    fake_datasets(monkeypatch, ConnectionError("offline"))
+    assert estimate_rows(Source("org/hub-dataset", limit=7)) == 7
+    assert estimate_rows(Source("org/hub-dataset")) is None
