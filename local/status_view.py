@@ -207,17 +207,17 @@ class StatusView:
         multi = isinstance(self.view.current_release, dict)
         wide = options.max_width >= WIDE
         columns = [c for c in ([HOST, *COLUMNS] if multi else COLUMNS) if wide or not c.wide_only]
-        self.view = replace(self.view, errors_below=not wide)
+        view = replace(self.view, errors_below=not wide)
         footer = [*(errors(self.status["jobs"]) if not wide else []),
                   *gpu_lines(self.status.get("gpus") or []), *summary(self.status, options.max_width)]
         if not self.fit:
-            yield self.table(columns, self.status["jobs"], boxed=True)
+            yield self.table(columns, view, self.status["jobs"], boxed=True)
             yield from footer
             return
         if self.title:
             yield Text(self.title, no_wrap=True, overflow="ellipsis", style="bold")
         room = (options.height or options.size.height) - (1 if self.title else 0) - self.lines(console, options, *footer)
-        for table in self.candidates(columns):
+        for table in self.candidates(columns, view):
             if self.lines(console, options, table) <= room:
                 break
         yield table
@@ -227,15 +227,15 @@ class StatusView:
     def lines(console: Console, options: ConsoleOptions, *renderables: RenderableType) -> int:
         return sum(len(console.render_lines(r, options.update(height=None), pad=False)) for r in renderables)
 
-    def candidates(self, columns: list[Column]) -> Iterator[Table]:
+    def candidates(self, columns: list[Column], view: View) -> Iterator[Table]:
         """Tables from the least folded to the most; the caller takes the first that fits."""
         for level in range(3):
-            yield self.table(columns, grouped(self.status["jobs"], level))
+            yield self.table(columns, view, grouped(self.status["jobs"], level))
         rows = grouped(self.status["jobs"], 2)
         for keep in range(len(rows) - 1, -1, -1):  # running rows give way; bad rows never do
-            yield self.table(columns, trimmed(rows, keep))
+            yield self.table(columns, view, trimmed(rows, keep))
 
-    def table(self, columns: list[Column], jobs: Iterable[Job], boxed: bool = False) -> Table:
+    def table(self, columns: list[Column], view: View, jobs: Iterable[Job], boxed: bool = False) -> Table:
         if boxed:
             table = Table(title=self.title, title_justify="left")
         else:
@@ -244,7 +244,7 @@ class StatusView:
             table.add_column(column.header, justify=column.justify,  # type: ignore[arg-type]
                              no_wrap=column.header != COLUMNS[-1].header, overflow="ellipsis")
         for job in jobs:
-            table.add_row(*(column.cell(job, self.view) for column in columns))
+            table.add_row(*(column.cell(job, view) for column in columns))
         for host in self.status.get("unreachable", []):
             blank = [""] * (len(columns) - 3)
             table.add_row(host["host"], "*", Text(UNREACHABLE, "bold red"), *blank[:-1], Text(host["message"], "red"))

@@ -104,6 +104,7 @@ def extract(
             done = len(store.meta(index)["files"])
             counts["resumed"] += done
             progress.written(done)
+            progress.resumed()  # an earlier run's work: not part of this run's rate
             continue
         writer = store.writer(index)
         kept = [(i, r) for i, r in shard if _trainable(r, progress, counts)]
