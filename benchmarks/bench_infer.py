@@ -84,7 +84,7 @@ def timed(client: Callable[..., int], *args: Any) -> tuple[float, int]:
     return time.perf_counter() - started, tokens
 
 
-def autotune(records: int = 400, knee: int = 16, per_request: float = 200.0, tokens: int = 100) -> dict[str, Any]:
+def autotune(records: int = 800, knee: int = 16, per_request: float = 200.0, tokens: int = 100) -> dict[str, Any]:
     """Output tokens/s of the stage at pinned 4, the knee and 64, and at auto, against the saturating server.
 
     Each run is the whole stage over `records` prompts (ramp included); ``held`` is

@@ -16,7 +16,7 @@ How it moves:
 
 - ``ramp``: double while a window's rate beats the last one by ``gain``.
 - ``refine``: when doubling stopped paying, try halfway up (1.5x) and a quarter
-  down (0.75x) once each; keep what beats the best by ``gain / 2``.
+  down (0.75x) once each; keep what beats the best by ``gain`` too.
 - ``hold``: stay at the best level, measuring it again each window; after
   ``reprobe_every`` windows try 1.25x and 0.8x again, since the mix of prompts
   drifts over hours.
@@ -119,7 +119,7 @@ class Autotuner:
             self._probes = self._around(self.best, 1.5, 0.75)
             self._next_probe()
         elif self.phase == "probe":
-            if rate > self.rates.get(self.best, 0.0) * (1 + self.gain / 2):
+            if rate > self.rates.get(self.best, 0.0) * (1 + self.gain):
                 self.best = level
             self._next_probe()
         else:  # hold: the best level, measured afresh
