@@ -46,7 +46,11 @@ def annotate(root: Path, status: dict[str, Any]) -> dict[str, Any]:
         return status
     owners = {job["pid"]: f"{job['dataset']}/{job['stage']}" for job in status.get("jobs", [])
               if job.get("pid") and job.get("state") in ("running", "stalled")}
-    server = (read_json(root / "jobs" / "pipeline" / "server.json", {}) or {}).get("pid")
+    try:
+        record = read_json(root / "jobs" / "pipeline" / "server.json", {})
+    except (OSError, ValueError):
+        record = {}
+    server = record.get("pid") if isinstance(record, dict) else None
     if server:
         owners[server] = SERVER
     for gpu in gpus:

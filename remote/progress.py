@@ -99,7 +99,7 @@ class Progress:
     @property
     def done(self) -> float:
         """How far towards `total`."""
-        return self.values.get(self.total_by, 0) if self.total_by else self.records + self.skipped_total
+        return self.values.get(self.total_by, 0) if self.total_by else self.records + sum(self.skip_reasons.values())
 
     def resumed(self) -> None:
         """What was counted so far was done by an earlier run: it does not count towards the rate."""
