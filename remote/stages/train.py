@@ -139,7 +139,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         checkpoint.save(draft, out_dir, {"epoch": epoch, "extract_release": extracted["release"], "release": ctx.release})
         progress.note(f"epoch {epoch}/{epochs} saved to {out_dir}")
 
-    progress.expect(epochs * -(-len(files) // int(settings.get("batch_size", 1))), by="step")
+    progress.expect(epochs * -(-len(files) // int(need(settings, "train", "batch_size", StageInputError))), by="step")
     started = time.time()
     train(
         draft,
