@@ -328,6 +328,7 @@ def test_a_job_on_an_older_release_is_marked(bench: Bench) -> None:
 def test_status_watch_refreshes_until_interrupted(bench: Bench) -> None:
     import subprocess
     import sys
+    import threading
 
     bench.scripted({"A": "records=10 sleep=0.2"})
     bench.inv("deploy")
@@ -337,8 +338,17 @@ def test_status_watch_refreshes_until_interrupted(bench: Bench) -> None:
                                cwd=bench.checkout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "COLUMNS": "200"})
     bench.wait_state("A/prep", {"succeeded"})
-    time.sleep(1.5)  # a refresh or two after the end
+    # NOTE: wait for a frame that shows the end rather than a fixed time: on a loaded machine
+    # the watcher's first fetch can take longer than any sleep chosen here.
+    frames: list[str] = []
+    reader = threading.Thread(target=lambda: frames.extend(watcher.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while not any("succeeded" in line for line in list(frames)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     watcher.send_signal(signal.SIGINT)
-    out, err = watcher.communicate(timeout=20)
+    watcher.wait(timeout=20)
+    reader.join(timeout=5)
+    out, err = "".join(frames), watcher.stderr.read()
     assert "Traceback" not in err
     assert "succeeded" in out.splitlines()[-2]  # the last frame shows the end, not the first fetch
