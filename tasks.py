@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from invoke import Collection, Context, Exit
 
-from local import control, validate as validating
+from local import control, evaluation, validate as validating
 from local.cli import console, inventory_name, task
 from local.fleet import fleet
 from local.inventory import load
@@ -116,6 +116,13 @@ def check(c: Context, inventory: str | None = None) -> None:
         raise Exit(code=1)
 
 
+@task(name="eval", help={"inventory": INVENTORY, "json": "print the report as JSON (baseline, configs, best, warnings)"})
+def evaluate(c: Context, inventory: str | None = None, json: bool = False) -> None:
+    """Serve the target with SGLang without and with the draft per grid setting: accept length, speed-up, best flags."""
+    with fleet(inventory_name(c, inventory)) as hosts:
+        evaluation.run(hosts.single, console(), as_json=json)
+
+
 @task
 def demo(c: Context) -> None:
     """Run the whole pipeline on the embedded `local` inventory with a tiny model built offline."""
@@ -134,5 +141,5 @@ def bench(c: Context, only: str | None = None, json: bool = False) -> None:
     control.print_figures(benchmarks.run(control.split(only)), console(), as_json=json)
 
 
-ns = Collection(validate, deploy, launch, status, rerun, logs, stop, trust, run, check, demo, bench)
+ns = Collection(validate, deploy, launch, status, rerun, logs, stop, trust, run, check, evaluate, demo, bench)
 ns.configure({"inventory": "local"})

@@ -134,6 +134,51 @@ class Train(Stage):
     specforge_train_data: str | None = None
     chat_template: str = "kimi_k2"
     nproc: int = Field(1, ge=1)
+    eval_records: int | None = Field(None, ge=0, description="records held out of training (0: none); default: eval_fraction")
+    eval_fraction: float = Field(0.05, ge=0, lt=1, description="share of records held out when eval_records is unset")
+    eval_steps: int = Field(3, ge=1, description="draft steps of the held-out acceptance length (top-k 1)")
+
+
+class GridPoint(Strict):
+    """One speculative setting `inv eval` tries: SGLang's --speculative-num-steps/-eagle-topk/-num-draft-tokens."""
+
+    num_steps: int = Field(ge=1)
+    topk: int = Field(1, ge=1)
+    num_draft_tokens: int = Field(ge=2)
+
+    @model_validator(mode="after")
+    def _tokens(self) -> "GridPoint":
+        if self.topk == 1 and self.num_draft_tokens != self.num_steps + 1:
+            raise ValueError(f"with topk 1 SGLang verifies num_steps + 1 = {self.num_steps + 1} draft tokens, "
+                             f"not {self.num_draft_tokens}")
+        if self.num_draft_tokens > self.num_steps * self.topk + 1:
+            raise ValueError(f"num_draft_tokens {self.num_draft_tokens} is more than the "
+                             f"num_steps * topk + 1 = {self.num_steps * self.topk + 1} tokens the draft proposes")
+        return self
+
+
+def default_grid() -> list[GridPoint]:
+    return [GridPoint(num_steps=3, topk=1, num_draft_tokens=4), GridPoint(num_steps=5, topk=1, num_draft_tokens=6),
+            GridPoint(num_steps=3, topk=4, num_draft_tokens=8)]
+
+
+class Eval(Stage):
+    """`inv eval`: the target served by SGLang without and with the draft, per grid setting."""
+
+    stall_after: float = Field(3600.0, gt=0, description="seconds without progress before the job is `stalled`")
+    launcher: str = Field("{python} -m sglang.launch_server", description="aerie appends --model-path, --host, --port, ...")
+    model: str | None = Field(None, description="--model-path; default: target.model")
+    port: int = Field(30100, ge=1, le=65535)
+    server_args: list[str] = Field(default_factory=list, description="more launch flags, e.g. ['--tp-size', '8']")
+    server_env: dict[str, str] = Field(default_factory=dict)
+    start_timeout: float = Field(1800.0, gt=0)
+    draft: str | None = Field(None, description="--speculative-draft-model-path; default: train's output")
+    grid: list[GridPoint] = Field(default_factory=default_grid, min_length=1)
+    prompts: str | None = Field(None, description="JSONL of {text} or {input_ids} on the host; default: train's held-out records")
+    num_prompts: int = Field(32, ge=1)
+    max_new_tokens: int = Field(256, ge=1)
+    concurrency: int = Field(1, ge=1)
+    request_timeout: float = Field(600.0, gt=0)
 
 
 class Stages(Strict):
@@ -141,6 +186,7 @@ class Stages(Strict):
     infer: Infer = Field(default_factory=Infer)
     extract: Extract = Field(default_factory=Extract)
     train: Train = Field(default_factory=Train)
+    eval: Eval = Field(default_factory=Eval)
 
 
 class Target(Strict):

@@ -243,6 +243,14 @@ def assets(args: dict[str, Any]) -> Any:
     return {"path": str(out), "built": True}
 
 
+def eval_report(args: dict[str, Any]) -> Any:
+    """The last `inv eval` report (remote/stages/eval.py)."""
+    report = read_json(Path(args["root"]) / "data" / "draft" / "eval" / "report.json")
+    if report is None:
+        raise HostError("no eval report on the host: the draft/eval job has not succeeded")
+    return report
+
+
 VERBS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "status": status,
     "launch": launch,
@@ -252,6 +260,7 @@ VERBS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "logs": logs,
     "check": check,
     "assets": assets,
+    "eval_report": eval_report,
 }
 
 

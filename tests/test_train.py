@@ -20,7 +20,8 @@ from tests.pipeline_fixtures import TINY_LAYERS, context, extracted, read_progre
 
 __all__ = ["extracted", "tiny_target"]  # fixtures used below
 
-TRAIN_SETTINGS = {"draft_vocab_size": 200, "epochs": 6, "batch_size": 2, "learning_rate": 3e-3, "ttt_steps": 3}
+TRAIN_SETTINGS = {"draft_vocab_size": 200, "epochs": 6, "batch_size": 2, "learning_rate": 3e-3, "ttt_steps": 3,
+                  "eval_records": 2}
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +37,42 @@ def trained(extracted: dict, tiny_target: Path) -> dict:
 def test_a_tiny_training_run_lowers_the_loss_and_reports_every_step(trained: dict) -> None:
     history = json.loads((trained["output"] / "history.json").read_text())
     losses = [h["loss"] for h in history]
-    assert len(history) == 6 * 5  # 6 epochs of 10 records in batches of 2
+    assert len(history) == 6 * 4  # 6 epochs of 8 records (2 of 10 held out) in batches of 2
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
     progress = read_progress(trained["env"])
-    assert progress["records"] == 10
-    assert progress["metrics"]["step"] == 30
+    assert progress["records"] == 8
+    assert progress["metrics"]["step"] == 24
     assert set(progress["metrics"]) >= {"loss", "acc_0", "acc_1", "acc_2"}
     assert history[-1]["acc_0"] > history[0]["acc_0"]
+
+
+def test_every_epoch_measures_the_draft_on_held_out_records_and_plots_the_curves(trained: dict) -> None:
+    manifest = json.loads((trained["output"] / "manifest.json").read_text())
+    metrics = read_progress(trained["env"])["metrics"]
+
+    assert manifest["eval_records"] == 2 and manifest["records"] == 8 and manifest["eval_steps"] == 3
+    assert [e["epoch"] for e in manifest["epoch_history"]] == [1, 2, 3, 4, 5, 6]
+    assert 1.0 <= manifest["accept_length"] <= 4.0 and len(manifest["eval_accuracies"]) == 3
+    assert metrics["accept_length"] == manifest["accept_length"]  # what `inv status --json` shows
+    assert [metrics[f"eval_acc_{k}"] for k in range(3)] == manifest["eval_accuracies"]
+    plot = trained["output"] / "training.png"
+    assert manifest["plot"] == str(plot) and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot.parent == (trained["output"] / "draft").parent  # beside the draft
+
+
+def test_held_out_records_are_never_trained_on_and_stay_the_same_when_data_is_added(tmp_path: Path) -> None:
+    from remote.eagle3 import heldout
+
+    files = [tmp_path / "data" / "A1" / "extract" / "shard-00000" / f"data_{i:09d}.ckpt" for i in range(40)]
+    more = files + [tmp_path / "data" / "B5" / "extract" / "shard-00000" / f"data_{i:09d}.ckpt" for i in range(40)]
+
+    trained, held = heldout.split(files, fraction=0.2)
+    _, held_more = heldout.split(more, fraction=0.2)
+
+    assert 2 <= len(held) <= 16 and not set(held) & set(trained) and set(held) | set(trained) == set(files)
+    assert set(held_more) & set(files) == set(held)
+    assert heldout.split(files[:1])[1] == [] and heldout.split(files, records=0)[1] == []
+    assert len(heldout.split(files, records=100)[0]) == 1  # training always keeps a record
 
 
 def test_the_checkpoint_has_the_config_and_weight_names_sglang_loads(trained: dict, tiny_target: Path) -> None:

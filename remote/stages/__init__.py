@@ -46,6 +46,8 @@ DEFAULT_COMMANDS = {
     "train": "{python} -m remote.stages.train",
     # The prep code again, over the infer stage's answers (prompts datasets).
     "tokenize": "{python} -m remote.stages.prep",
+    # `inv eval`: the draft measured on SGLang, with and without speculation (job draft/eval).
+    "eval": "{python} -m remote.stages.eval",
     # `inv run`'s pipeline runner, itself a supervised job (remote.pipeline).
     "run": "{python} -m remote.pipeline",
 }

@@ -10,6 +10,10 @@ Settings (``stages.train``):
 - ``draft_config``: a draft ``config.json`` to train (e.g. SpecForge's
   ``kimi-k25-eagle3.json``); without one the draft is shaped after the target.
 - ``max_length``: tokens per record used in training.
+- ``eval_records`` (a count; 0: none; unset: ``eval_fraction`` of them):
+  records held out of training; after every epoch the draft is measured on
+  them (`remote.eagle3.acceptance`): per-step accuracy and the expected
+  acceptance length of an ``eval_steps``-long chain with top-k 1.
 
 From the shared settings: ``target.model``
 (the embeddings and the lm_head are read from its safetensors files).
@@ -17,7 +21,9 @@ From the shared settings: ``target.model``
 Input: ``$AERIE_DATA/extract`` with its ``manifest.json``; refused when
 missing (extract did not succeed) or when its width does not fit the draft.
 Output: ``$AERIE_OUTPUT/draft/`` (SGLang's ``--speculative-draft-model-path``),
-rewritten atomically after every epoch, and ``$AERIE_OUTPUT/manifest.json``.
+rewritten atomically after every epoch, ``$AERIE_OUTPUT/training.png`` beside
+it (loss, held-out accuracy and acceptance length per epoch), and
+``$AERIE_OUTPUT/manifest.json`` (with ``accept_length``).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from typing import Any
 
 from remote.eagle3 import StageInputError, read_upstream_manifest
 from remote.eagle3 import draft_config as drafts
-from remote.eagle3 import specforge
+from remote.eagle3 import heldout, plot, specforge
 from remote.eagle3.shards import ShardStore, load_sample
 from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
 from remote.progress import Progress, write_json_atomic
@@ -110,7 +116,9 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from remote.eagle3.trainer import train
     from remote.eagle3.vocab import build_mapping, token_counts
 
-    progress.note(f"counting tokens of {len(files)} records")
+    files, heldout_files = heldout.split(files, need(settings, "train", "eval_records", StageInputError),
+                                        float(need(settings, "train", "eval_fraction", StageInputError)))
+    progress.note(f"counting tokens of {len(files)} records ({len(heldout_files)} held out)")
     d2t, t2d = build_mapping(token_counts(_each(files, progress), shape.vocab_size), config["draft_vocab_size"])
     device = torch.device(best_device())
     embed, head = read_embed_and_head(shape)
@@ -127,15 +135,20 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     out_dir = ctx.output / "draft"
     history: list[dict[str, Any]] = []
     epochs = int(need(settings, "train", "epochs", StageInputError))
+    evaluation = heldout.EpochEvaluation(heldout_files, load_sample, int(need(settings, "train", "eval_steps", StageInputError)),
+                                         int(need(settings, "train", "max_length", StageInputError)),
+                                         ctx.output / plot.PLOT_NAME, progress)
 
     def on_step(step: int, loss: float, accuracies: list[float], records: int) -> None:
         values = {f"acc_{k}": round(a, 4) for k, a in enumerate(accuracies)}
         progress.metrics(step=step, loss=round(loss, 5), **values)
         history.append({"step": step, "loss": loss, **values})
+        evaluation.on_step(loss)
         if records:
             progress.written(records)
 
     def on_epoch(epoch: int) -> None:
+        evaluation.on_epoch(epoch, draft, head)
         checkpoint.save(draft, out_dir, {"epoch": epoch, "extract_release": extracted["release"], "release": ctx.release})
         progress.note(f"epoch {epoch}/{epochs} saved to {out_dir}")
 
@@ -166,6 +179,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         "draft_vocab_size": config["draft_vocab_size"],
         "layers": extracted["layers"],
         "seconds": round(time.time() - started, 3),
+        **evaluation.manifest(),
     }
     write_json_atomic(ctx.output / "manifest.json", manifest)
     write_json_atomic(ctx.output / "history.json", history)

@@ -1,0 +1,113 @@
+"""`inv eval`: start the host's ``draft/eval`` job (remote/stages/eval.py), follow it, show its report.
+
+The job is supervised like any other: closing the laptop does not stop it, and
+running `inv eval` again while it runs follows the same job instead of starting
+another. The report is read back from the host in one remote command.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from local import jobs
+from local.errors import AerieError
+from local.host import RemoteHost
+from local.inventory import Inventory
+from local.pipeline import DRAFT, GPU_STAGES, RUNNER
+from remote.states import JobState
+
+STAGE = "eval"
+KEY = f"{DRAFT}/{STAGE}"
+
+
+def spec(inventory: Inventory) -> dict[str, Any]:
+    """The job's spec, every default resolved here (the host's settings have no defaults of their own)."""
+    settings = inventory.stages.eval
+    root = inventory.host.root
+    model = settings.model or inventory.target.model
+    if not model:
+        raise AerieError(f"{inventory.path}: inv eval needs the target: set target.model or stages.eval.model")
+    stage = settings.model_dump(exclude={"command", "stall_after"})
+    stage.update(model=model, draft=settings.draft or f"{root}/data/{DRAFT}/train/draft")
+    return {
+        "dataset": DRAFT, "stage": STAGE, "command": settings.command, "source": "", "kind": "native",
+        "stall_after": settings.stall_after,
+        "config": {"stage": jobs.on_host(stage, root),
+                   "inventory": {"target": jobs.on_host(inventory.target.model_dump(), root)}},
+    }
+
+
+def gpu_holders(state: dict[str, Any]) -> list[str]:
+    """Jobs that hold (or will take) the GPU now: eval must not share it."""
+    busy = (JobState.RUNNING.value, JobState.STALLED.value, JobState.WAITING.value)
+    return [f"{j['dataset']}/{j['stage']}" for j in state["jobs"]
+            if j["state"] in busy and (j["stage"] in GPU_STAGES or (j["dataset"], j["stage"]) == (RUNNER, "run"))]
+
+
+def run(host: RemoteHost, console: Console, as_json: bool = False, interval: float = 2.0) -> dict[str, Any]:
+    """Start (or rejoin) the evaluation, wait for it, print and return its report."""
+    say = (lambda text: None) if as_json else console.print
+    holders = gpu_holders(host.call("status"))
+    if holders:
+        raise AerieError(f"the GPU is in use by {', '.join(holders)}: wait for it to end or `inv stop` it first")
+    result = host.call("launch", specs=[spec(host.inventory)])[0]
+    if result["launched"]:
+        say(f"started {KEY} on {host.name} (pid {result['pid']}); it outlives this terminal: "
+            f"`inv eval` again follows it, `inv logs {DRAFT} --stage {STAGE}` shows its log")
+    else:
+        say(f"{KEY} is {result['reason']}: following it")
+    job = follow(lambda: host.call("status"), say, interval)
+    if job["state"] != JobState.SUCCEEDED.value:
+        raise AerieError(f"{KEY} {job['state']}: {job.get('message') or '(no message)'}; "
+                         f"see `inv logs {DRAFT} --stage {STAGE}`")
+    report = host.call("eval_report")
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        show(report, console)
+    return report
+
+
+def follow(fetch: Callable[[], dict[str, Any]], say: Callable[[str], None], interval: float) -> dict[str, Any]:
+    """Poll the job until it ends, saying each new message once."""
+    last = None
+    while True:
+        job = next((j for j in fetch()["jobs"] if f"{j['dataset']}/{j['stage']}" == KEY), None)
+        if job is None:
+            raise AerieError(f"{KEY} vanished from the host's jobs")
+        if job.get("message") and job["message"] != last:
+            last = job["message"]
+            say(f"  {KEY}: {last}")
+        if JobState(job["state"]).is_terminal():
+            return job
+        time.sleep(interval)
+
+
+def show(report: dict[str, Any], console: Console) -> None:
+    """The table of settings against the baseline, the warnings, and the flags to serve with."""
+    table = Table(title=f"draft {report.get('draft')} on {report.get('prompts')} held-out prompts, "
+                        f"{report.get('max_new_tokens')} new tokens each", title_justify="left")
+    for header in ("num_steps", "topk", "draft tokens", "accept length", "tok/s", "speed-up"):
+        table.add_column(header, justify="right")
+    table.add_row("-", "-", "-", "-", f"{report['baseline']['tokens_per_s']:.1f}", "1.00 (no speculation)")
+    best = report.get("best") or {}
+    for c in report["configs"]:
+        is_best = all(c[k] == best.get(k) for k in ("num_steps", "topk", "num_draft_tokens"))
+        speedup = "-" if c["speedup"] is None else f"{c['speedup']:.2f}"
+        style = "green" if is_best and (c["speedup"] or 0) >= 1 else "red" if (c["speedup"] or 0) < 1 else ""
+        table.add_row(str(c["num_steps"]), str(c["topk"]), str(c["num_draft_tokens"]),
+                      "-" if c["accept_length"] is None else f"{c['accept_length']:.2f}",
+                      f"{c['tokens_per_s']:.1f}", Text(speedup + (" (best)" if is_best else ""), style=style))
+    console.print(table)
+    for warning in report["warnings"]:
+        console.print(f"[bold red]WARNING:[/] {warning}")
+    if best:
+        verdict = "fastest setting" if (best["speedup"] or 0) >= 1 else "fastest setting, still slower than none"
+        console.print(f"{verdict}: launch with\n  {shlex.join(best['flags'])}")

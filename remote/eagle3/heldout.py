@@ -1,0 +1,112 @@
+"""Training's held-out split and its per-epoch measurement (`remote.eagle3.acceptance`).
+
+The split is decided by a hash of each record's file name, not by its
+position, so the same records stay held out when datasets are added or a
+training run is resumed, and no record is ever trained on in one run and
+measured in the next.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from remote.progress import write_json_atomic
+
+DEFAULT_FRACTION = 0.05
+DEFAULT_STEPS = 3  # SGLang's usual --speculative-num-steps
+HELDOUT_LIST = "heldout.json"  # beside train's manifest: the held-out records' files
+
+
+def split(files: list[Path], records: int | None = None, fraction: float = DEFAULT_FRACTION) -> tuple[list[Path], list[Path]]:
+    """(to train on, held out): `records` of them when given (0: none), else about `fraction`,
+    at least one when there are two or more; training always keeps at least one."""
+    ranked = sorted(files, key=_rank)
+    if records is None:
+        # NOTE: a threshold on the hash, not a count: whether a record is held out does not
+        # depend on the others, so adding a dataset never moves a record into training.
+        records = sum(1 for f in ranked if _rank(f) < fraction) or (1 if len(files) > 1 else 0)
+    held = set(ranked[: max(0, min(records, len(files) - 1))])
+    return [f for f in files if f not in held], [f for f in files if f in held]
+
+
+def _rank(path: Path) -> float:
+    """A uniform number in [0, 1) from the dataset and shard folders and the file name (not the
+    root, which may move)."""
+    digest = hashlib.sha1("/".join(path.parts[-5:]).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+@dataclass
+class EpochRecord:
+    """One epoch's figures, as the manifest, the metrics and the plot show them."""
+
+    epoch: int
+    loss: float
+    accept_length: float | None = None
+    accuracies: list[float] = field(default_factory=list)
+    positions: int = 0
+
+    def metrics(self) -> dict[str, Any]:
+        if self.accept_length is None:
+            return {}
+        return {"accept_length": round(self.accept_length, 4), "eval_positions": self.positions,
+                **{f"eval_acc_{k}": round(a, 4) for k, a in enumerate(self.accuracies)}}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "loss": round(self.loss, 5), **self.metrics()}
+
+
+class EpochEvaluation:
+    """The per-epoch hook of training: measure the draft on the held-out records, report, plot.
+
+    `on_step` is fed every training step's loss; `on_epoch` measures and returns the epoch's record.
+    """
+
+    def __init__(self, heldout: list[Path], load: Any, steps: int, max_length: int, plot_path: Path,
+                 progress: Any) -> None:
+        self.heldout, self.load, self.steps, self.max_length = heldout, load, steps, max_length
+        self.plot_path, self.progress = plot_path, progress
+        self.epochs: list[EpochRecord] = []
+        self._losses: list[float] = []
+        # The records `inv eval` takes its prompts from: never trained on.
+        write_json_atomic(plot_path.with_name(HELDOUT_LIST), [str(f) for f in heldout])
+
+    def on_step(self, loss: float) -> None:
+        self._losses.append(loss)
+
+    def on_epoch(self, epoch: int, draft: Any, head: Any) -> EpochRecord:
+        from remote.eagle3 import plot
+        from remote.eagle3.acceptance import evaluate
+
+        loss = sum(self._losses) / len(self._losses) if self._losses else float("nan")
+        self._losses = []
+        record = EpochRecord(epoch, loss)
+        if self.heldout:
+            self.progress.note(f"epoch {epoch}: measuring the draft on {len(self.heldout)} held-out records")
+            tally = evaluate(draft, head, self.heldout, self.load, self.steps, self.max_length, self.progress.beat)
+            record.accept_length, record.accuracies, record.positions = tally.accept_length, tally.accuracies, tally.positions
+            self.progress.metrics(**record.metrics())
+            print(f"epoch {epoch}: loss {loss:.4f}, held-out accept length {tally.accept_length:.3f} "
+                  f"({self.steps} steps, top-k 1), accuracy per step "
+                  + " ".join(f"{a:.3f}" for a in tally.accuracies), flush=True)
+        self.epochs.append(record)
+        try:
+            plot.write(self.epochs, self.steps, self.plot_path)
+        except ImportError:
+            print(f"no training plot: matplotlib is not installed on this host (pip install matplotlib)", flush=True)
+        return record
+
+    def manifest(self) -> dict[str, Any]:
+        """What train's manifest says about the draft's quality."""
+        last = self.epochs[-1] if self.epochs else None
+        return {
+            "eval_records": len(self.heldout),
+            "eval_steps": self.steps,
+            "accept_length": round(last.accept_length, 4) if last and last.accept_length is not None else None,
+            "eval_accuracies": [round(a, 4) for a in last.accuracies] if last else [],
+            "epoch_history": [e.as_dict() for e in self.epochs],
+            "plot": str(self.plot_path) if self.plot_path.exists() else None,
+        }

@@ -1,0 +1,172 @@
+"""The eval stage (`inv eval`, job ``draft/eval``): the draft measured on SGLang as it will be served.
+
+It starts the target with SGLang once without speculation and once per
+setting of ``stages.eval.grid`` with the draft (``--speculative-algorithm
+EAGLE3``), sends the same held-out prompts through ``/generate`` (greedy, a
+fixed ``max_new_tokens``), and reports per setting the acceptance length
+(Σ completion_tokens / Σ spec_verify_ct), the output tokens per second and
+the speed-up against the run without speculation (`remote.eval.report`).
+
+Settings (``stages.eval``, complete from the workstation): ``launcher``,
+``model``, ``port``, ``server_args``, ``server_env``, ``start_timeout``,
+``draft``, ``grid``, ``prompts``, ``num_prompts``, ``max_new_tokens``,
+``concurrency``, ``request_timeout``.
+
+Only one server runs at a time, and it is always stopped: after each setting,
+on failure, and on ``inv stop`` (SIGTERM). One left by a stage that was killed
+outright is stopped by the next run (``server.json``).
+
+Output: ``$AERIE_OUTPUT/report.json``, the same as ``eval.json`` beside the
+draft, and ``server-*.log``.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from remote import jobs, server, stages
+from remote.eagle3 import StageInputError
+from remote.eval import prompts as prompt_source
+from remote.eval import report as reports
+from remote.eval.sglang import GenerateError, Measurement, Setting, launch_command, measure
+from remote.progress import Progress, read_json, write_json_atomic
+from remote.stages import StageContext
+
+STOP_GRACE = 4.0  # seconds; `inv stop` kills the job's group 10 s after its SIGTERM
+REPORT_BESIDE_DRAFT = "eval.json"
+
+
+class EvalError(Exception):
+    """The server did not start or did not answer: one line, the server's last log line."""
+
+
+class Stopped(Exception):
+    """SIGTERM (`inv stop`): end now, stopping the server on the way out."""
+
+
+def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    settings = ctx.stage_config
+    draft = Path(settings["draft"])
+    if not (draft / "config.json").is_file():
+        raise StageInputError(f"no draft at {draft} (no config.json): train first, or set stages.eval.draft")
+    grid = [Setting.of(entry) for entry in settings["grid"]]
+    if settings.get("prompts"):
+        prompts = prompt_source.from_file(Path(settings["prompts"]), int(settings["num_prompts"]))
+    else:
+        prompts = prompt_source.from_training(draft.parent, int(settings["num_prompts"]))
+    stop_leftover_server(ctx.output / "server.json")
+    signal.signal(signal.SIGTERM, _on_term)
+    print(f"eval: {len(prompts)} prompts, {settings['max_new_tokens']} new tokens each, "
+          f"{settings['concurrency']} at a time; {len(grid)} settings and a baseline", flush=True)
+
+    baseline = measure_on_server(ctx, settings, None, prompts, progress)
+    results = []
+    for setting in grid:
+        results.append((setting, measure_on_server(ctx, settings, setting, prompts, progress)))
+    report = reports.build(baseline, results, str(draft), list(settings.get("server_args", [])), {
+        "prompts": len(prompts), "max_new_tokens": int(settings["max_new_tokens"]),
+        "concurrency": int(settings["concurrency"]), "release": ctx.release,
+    })
+    write_json_atomic(ctx.output / "report.json", report)
+    try:
+        write_json_atomic(draft.parent / REPORT_BESIDE_DRAFT, report)
+    except OSError as exc:
+        report["warnings"].append(f"could not write {draft.parent / REPORT_BESIDE_DRAFT}: {exc}")
+        write_json_atomic(ctx.output / "report.json", report)
+    best = report["best"] or {}
+    progress.metrics(baseline_tokens_per_s=report["baseline"]["tokens_per_s"],
+                     best_speedup=best.get("speedup"), best_accept_length=best.get("accept_length"))
+    progress.note("; ".join(report["warnings"]) or f"best: {Setting.of(best).label()}, speed-up {best.get('speedup')}")
+    for line in report["warnings"]:
+        print(f"WARNING: {line}", flush=True)
+    return report
+
+
+def measure_on_server(ctx: StageContext, settings: dict[str, Any], setting: Setting | None,
+                      prompts: list[dict[str, Any]], progress: Progress) -> Measurement:
+    name = setting.label() if setting else "no speculation"
+    slug = f"s{setting.num_steps}-k{setting.topk}-d{setting.num_draft_tokens}" if setting else "baseline"
+    command = launch_command(settings, setting)
+    url = f"http://127.0.0.1:{settings['port']}"
+    with running(command, ctx.output / f"server-{slug}.log", ctx.output / "server.json", url, settings, progress, name):
+        progress.note(f"{name}: sending {len(prompts)} prompts")
+        # NOTE: one short request first, untimed: the first pass through a fresh server pays for warm-up.
+        measure(url, prompts[:1], 8, 1, float(settings["request_timeout"]))
+        measured = measure(url, prompts, int(settings["max_new_tokens"]), int(settings["concurrency"]),
+                           float(settings["request_timeout"]))
+    accept = f", accept length {measured.accept_length:.3f}" if measured.accept_length else ""
+    print(f"{name}: {measured.completion_tokens} tokens in {measured.seconds:.2f}s, "
+          f"{measured.tokens_per_s:.1f} tok/s{accept}", flush=True)
+    progress.written()
+    return measured
+
+
+@contextmanager
+def running(command: str, log: Path, record: Path, url: str, settings: dict[str, Any], progress: Progress,
+            name: str) -> Iterator[int]:
+    """The server of one setting, healthy, for the length of the block; always stopped after."""
+    port = int(settings["port"])
+    if is_listening(port):
+        raise EvalError(f"port {port} on the host is already in use (another server?): "
+                        "stop it or set stages.eval.port")
+    progress.note(f"{name}: starting the server")
+    print(f"server: {command}", flush=True)
+    pid = server.start(command, log, env=settings.get("server_env") or {})
+    write_json_atomic(record, {"pid": pid, "pid_start": jobs.process_start(pid)})
+    try:
+        wait_healthy(url, pid, log, float(settings["start_timeout"]), progress)
+        yield pid
+    finally:
+        server.stop(pid, grace=STOP_GRACE)
+        record.unlink(missing_ok=True)
+
+
+def wait_healthy(url: str, pid: int, log: Path, timeout: float, progress: Progress) -> None:
+    """Like `server.wait_healthy`, beating so that a long model load is not taken for a stall."""
+    deadline = time.monotonic() + timeout
+    while not server.is_healthy(url, timeout=5):
+        if not server.is_running(pid):
+            raise EvalError(f"the server exited while starting: {_last_line(log)} (log: {log})")
+        if time.monotonic() > deadline:
+            raise EvalError(f"the server was not healthy after {timeout:.0f}s: {_last_line(log)} (log: {log})")
+        progress.beat()
+        time.sleep(0.5)
+
+
+def stop_leftover_server(record: Path) -> None:
+    """A server a killed run left behind (its pid checked with its start time, never a reused pid)."""
+    left = read_json(record, {})
+    if left.get("pid") and jobs.process_start(left["pid"]) == left.get("pid_start"):
+        print(f"server: stopping pid {left['pid']}, left by an earlier run", flush=True)
+        server.stop(left["pid"], grace=STOP_GRACE)
+    record.unlink(missing_ok=True)
+
+
+def is_listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _last_line(log: Path) -> str:
+    return jobs.last_line(log, 300) or "(empty log)"
+
+
+def _on_term(signum: int, frame: object) -> None:
+    raise Stopped()
+
+
+def main() -> None:
+    try:
+        stages.main("eval", run, (StageInputError, EvalError, GenerateError, server.ServerError))
+    except Stopped:
+        raise SystemExit("eval: stopped; the server is stopped too") from None
+
+
+if __name__ == "__main__":
+    main()
