@@ -51,6 +51,8 @@ class Stopped(Exception):
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     settings = ctx.stage_config
+    if not settings.get("draft") or not settings.get("grid"):
+        raise StageInputError("the eval stage runs from `inv eval`, which resolves its settings; not `inv launch`")
     draft = Path(settings["draft"])
     if not (draft / "config.json").is_file():
         raise StageInputError(f"no draft at {draft} (no config.json): train first, or set stages.eval.draft")

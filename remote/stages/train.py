@@ -148,9 +148,10 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             progress.written(records)
 
     def on_epoch(epoch: int) -> None:
-        evaluation.on_epoch(epoch, draft, head)
+        measured = evaluation.on_epoch(epoch, draft, head)
         checkpoint.save(draft, out_dir, {"epoch": epoch, "extract_release": extracted["release"], "release": ctx.release})
-        progress.note(f"epoch {epoch}/{epochs} saved to {out_dir}")
+        accept = "" if measured.accept_length is None else f", held-out accept length {measured.accept_length:.2f}"
+        progress.note(f"epoch {epoch}/{epochs} saved to {out_dir}{accept}")
 
     progress.expect(epochs * -(-len(files) // int(need(settings, "train", "batch_size", StageInputError))), by="step")
     started = time.time()
