@@ -16,6 +16,7 @@ def write(epochs: list[EpochRecord], steps: int, path: Path) -> Path:
 
     matplotlib.use("Agg")  # no display on a GPU host
     from matplotlib import pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     x = [e.epoch for e in epochs]
     measured = [e for e in epochs if e.accept_length is not None]
@@ -35,7 +36,7 @@ def write(epochs: list[EpochRecord], steps: int, path: Path) -> Path:
         accept_ax.text(0.5, 0.5, "no held-out records", ha="center", transform=accept_ax.transAxes)
     for ax in (loss_ax, acc_ax, accept_ax):
         ax.grid(alpha=0.3)
-        ax.set_xticks(x)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs, never crowded
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
     figure.savefig(tmp, dpi=100)
     plt.close(figure)
