@@ -46,7 +46,8 @@ def spec(inventory: Inventory) -> dict[str, Any]:
 
 def gpu_holders(state: dict[str, Any]) -> list[str]:
     """Jobs that hold (or will take) the GPU now: eval must not share it."""
-    busy = (JobState.RUNNING.value, JobState.STALLED.value, JobState.WAITING.value)
+    # NOTE: not `waiting`: jobs of a pipeline whose runner has ended stay `waiting` for ever.
+    busy = (JobState.RUNNING.value, JobState.STALLED.value)
     return [f"{j['dataset']}/{j['stage']}" for j in state["jobs"]
             if j["state"] in busy and (j["stage"] in GPU_STAGES or (j["dataset"], j["stage"]) == (RUNNER, "run"))]
 

@@ -166,3 +166,17 @@ def test_the_report_names_the_fastest_setting_and_warns_on_slower_serving_and_un
     assert any("SLOWER" in w and "82.6 tok/s against 90.0" in w for w in report["warnings"])
     no_spec = reports.build(baseline, [(good, Measurement(900, 0, 9.0, 3))], "/d", [])
     assert any("no spec_verify_ct" in w for w in no_spec["warnings"])
+
+
+def test_eval_refuses_to_share_the_gpu_with_a_running_pipeline_or_gpu_job() -> None:
+    from local.evaluation import gpu_holders
+
+    def job(key: str, state: str) -> dict:
+        dataset, stage = key.split("/")
+        return {"dataset": dataset, "stage": stage, "state": state}
+
+    busy = {"jobs": [job("A1/prep", "running"), job("draft/train", "running"), job("pipeline/run", "stalled"),
+                     job("B5/extract", "waiting"), job("B5/infer", "failed")]}
+
+    assert gpu_holders(busy) == ["draft/train", "pipeline/run"]
+    assert gpu_holders({"jobs": [job("A1/prep", "running"), job("B5/extract", "waiting")]}) == []
