@@ -60,6 +60,19 @@ def test_every_epoch_measures_the_draft_on_held_out_records_and_plots_the_curves
     assert plot.parent == (trained["output"] / "draft").parent  # beside the draft
 
 
+def test_inv_eval_asks_the_server_the_prompts_of_the_held_out_records(trained: dict) -> None:
+    from remote.eval import prompts
+
+    held = json.loads((trained["output"] / "heldout.json").read_text())
+    asked = prompts.from_training(trained["output"], limit=10)
+
+    assert len(held) == 2 and len(asked) == 2
+    for name, prompt in zip(held, asked):
+        sample = load_sample(Path(name))
+        first_trained = int(sample["loss_mask"].nonzero()[0])
+        assert prompt == {"input_ids": sample["input_ids"][:first_trained].tolist()}  # everything before the answer
+
+
 def test_held_out_records_are_never_trained_on_and_stay_the_same_when_data_is_added(tmp_path: Path) -> None:
     from remote.eagle3 import heldout
 

@@ -9,6 +9,7 @@ measured in the next.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from remote.progress import write_json_atomic
 
 DEFAULT_FRACTION = 0.05
 DEFAULT_STEPS = 3  # SGLang's usual --speculative-num-steps
+PLOT_EVERY = 60.0  # seconds: drawing costs seconds of CPU, so not after every short epoch
 HELDOUT_LIST = "heldout.json"  # beside train's manifest: the held-out records' files
 
 
@@ -71,6 +73,7 @@ class EpochEvaluation:
         self.plot_path, self.progress = plot_path, progress
         self.epochs: list[EpochRecord] = []
         self._losses: list[float] = []
+        self._plotted_at = time.monotonic()
         # The records `inv eval` takes its prompts from: never trained on.
         write_json_atomic(plot_path.with_name(HELDOUT_LIST), [str(f) for f in heldout])
 
@@ -78,7 +81,6 @@ class EpochEvaluation:
         self._losses.append(loss)
 
     def on_epoch(self, epoch: int, draft: Any, head: Any) -> EpochRecord:
-        from remote.eagle3 import plot
         from remote.eagle3.acceptance import evaluate
 
         loss = sum(self._losses) / len(self._losses) if self._losses else float("nan")
@@ -93,11 +95,19 @@ class EpochEvaluation:
                   f"({self.steps} steps, top-k 1), accuracy per step "
                   + " ".join(f"{a:.3f}" for a in tally.accuracies), flush=True)
         self.epochs.append(record)
+        if time.monotonic() - self._plotted_at >= PLOT_EVERY:
+            self.draw()  # a long run shows its curve while it trains
+        return record
+
+    def draw(self) -> None:
+        """The plot of the epochs so far; `train` draws it once more at the end."""
+        from remote.eagle3 import plot
+
+        self._plotted_at = time.monotonic()
         try:
             plot.write(self.epochs, self.steps, self.plot_path)
         except ImportError:
-            print(f"no training plot: matplotlib is not installed on this host (pip install matplotlib)", flush=True)
-        return record
+            print("no training plot: matplotlib is not installed on this host (pip install matplotlib)", flush=True)
 
     def manifest(self) -> dict[str, Any]:
         """What train's manifest says about the draft's quality."""

@@ -168,6 +168,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         on_step=on_step,
         on_epoch=on_epoch,
     )
+    evaluation.draw()
     manifest = {
         "release": ctx.release,
         "engine": "aerie",
