@@ -54,7 +54,8 @@ def gpu_holders(state: dict[str, Any]) -> list[str]:
 
 def run(host: RemoteHost, console: Console, as_json: bool = False, interval: float = 2.0) -> dict[str, Any]:
     """Start (or rejoin) the evaluation, wait for it, print and return its report."""
-    say = (lambda text: None) if as_json else console.print
+    # NOTE: no markup: the host's messages may hold brackets that rich would read as tags.
+    say = (lambda text: None) if as_json else (lambda text: console.print(text, markup=False))
     holders = gpu_holders(host.call("status"))
     if holders:
         raise AerieError(f"the GPU is in use by {', '.join(holders)}: wait for it to end or `inv stop` it first")
@@ -108,7 +109,7 @@ def show(report: dict[str, Any], console: Console) -> None:
                       f"{c['tokens_per_s']:.1f}", Text(speedup + (" (best)" if is_best else ""), style=style))
     console.print(table)
     for warning in report["warnings"]:
-        console.print(f"[bold red]WARNING:[/] {warning}")
+        console.print(Text.assemble(("WARNING: ", "bold red"), warning))
     if best:
         verdict = "fastest setting" if (best["speedup"] or 0) >= 1 else "fastest setting, still slower than none"
-        console.print(f"{verdict}: launch with\n  {shlex.join(best['flags'])}")
+        console.print(f"{verdict}: launch with\n  {shlex.join(best['flags'])}", markup=False)
