@@ -171,7 +171,7 @@ class Eval(Stage):
     port: int = Field(30100, ge=1, le=65535)
     server_args: list[str] = Field(default_factory=list, description="more launch flags, e.g. ['--tp-size', '8']")
     server_env: dict[str, str] = Field(default_factory=dict)
-    start_timeout: float = Field(1800.0, gt=0)
+    server_start_timeout: float = Field(1800.0, gt=0)
     draft: str | None = Field(None, description="--speculative-draft-model-path; default: train's output")
     grid: list[GridPoint] = Field(default_factory=default_grid, min_length=1)
     prompts: str | None = Field(None, description="JSONL of {text} or {input_ids} on the host; default: train's held-out records")

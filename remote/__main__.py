@@ -245,6 +245,8 @@ def assets(args: dict[str, Any]) -> Any:
 
 def eval_report(args: dict[str, Any]) -> Any:
     """The last `inv eval` report (remote/stages/eval.py)."""
+    from remote.progress import read_json
+
     report = read_json(Path(args["root"]) / "data" / "draft" / "eval" / "report.json")
     if report is None:
         raise HostError("no eval report on the host: the draft/eval job has not succeeded")

@@ -46,7 +46,7 @@ def eval_inventory(bench: Bench, tmp_path: Path, port: int, accept: float, grid:
     prompts.write_text("".join(json.dumps({"text": p}) + "\n" for p in PROMPTS))
     settings = {
         "launcher": f"{{python}} {STANDIN}", "model": "/models/target", "port": port,
-        "server_args": ["--tp-size", "2"], "start_timeout": 30, "grid": grid, "prompts": str(prompts),
+        "server_args": ["--tp-size", "2"], "server_start_timeout": 30, "grid": grid, "prompts": str(prompts),
         "num_prompts": len(PROMPTS), "max_new_tokens": TOKENS,
         "server_env": {"STANDIN_ACCEPT": str(accept), "STANDIN_TOKEN_SECONDS": str(token_seconds),
                        "STANDIN_DRAFT_COST": str(DRAFT_COST), "STANDIN_JOURNAL": str(tmp_path / "journal.jsonl")},

@@ -79,13 +79,13 @@ def test_held_out_records_are_never_trained_on_and_stay_the_same_when_data_is_ad
     files = [tmp_path / "data" / "A1" / "extract" / "shard-00000" / f"data_{i:09d}.ckpt" for i in range(40)]
     more = files + [tmp_path / "data" / "B5" / "extract" / "shard-00000" / f"data_{i:09d}.ckpt" for i in range(40)]
 
-    trained, held = heldout.split(files, fraction=0.2)
-    _, held_more = heldout.split(more, fraction=0.2)
+    trained, held = heldout.split(files, None, 0.2)
+    _, held_more = heldout.split(more, None, 0.2)
 
     assert 2 <= len(held) <= 16 and not set(held) & set(trained) and set(held) | set(trained) == set(files)
     assert set(held_more) & set(files) == set(held)
-    assert heldout.split(files[:1])[1] == [] and heldout.split(files, records=0)[1] == []
-    assert len(heldout.split(files, records=100)[0]) == 1  # training always keeps a record
+    assert heldout.split(files[:1], None, 0.05)[1] == [] and heldout.split(files, 0, 0.05)[1] == []
+    assert len(heldout.split(files, 100, 0.05)[0]) == 1  # training always keeps a record
 
 
 def test_the_checkpoint_has_the_config_and_weight_names_sglang_loads(trained: dict, tiny_target: Path) -> None:

@@ -16,13 +16,11 @@ from typing import Any
 
 from remote.progress import write_json_atomic
 
-DEFAULT_FRACTION = 0.05
-DEFAULT_STEPS = 3  # SGLang's usual --speculative-num-steps
 PLOT_EVERY = 60.0  # seconds: drawing costs seconds of CPU, so not after every short epoch
 HELDOUT_LIST = "heldout.json"  # beside train's manifest: the held-out records' files
 
 
-def split(files: list[Path], records: int | None = None, fraction: float = DEFAULT_FRACTION) -> tuple[list[Path], list[Path]]:
+def split(files: list[Path], records: int | None, fraction: float) -> tuple[list[Path], list[Path]]:
     """(to train on, held out): `records` of them when given (0: none), else about `fraction`,
     at least one when there are two or more; training always keeps at least one."""
     ranked = sorted(files, key=_rank)

@@ -63,9 +63,9 @@ class Setting:
 
 def launch_command(settings: dict[str, Any], setting: Setting | None) -> str:
     """The shell command that starts the target (with `setting`'s speculation, or none)."""
-    launcher = settings.get("launcher") or "{python} -m sglang.launch_server"
+    launcher = settings["launcher"]  # `{python} -m sglang.launch_server` unless the inventory says otherwise
     argv = ["--model-path", settings["model"], "--host", "127.0.0.1", "--port", str(settings["port"]),
-            *settings.get("server_args", [])]
+            *settings["server_args"]]
     if setting is not None:
         argv += setting.flags(settings["draft"])
     return launcher.replace("{python}", shlex.quote(sys.executable)) + " " + shlex.join(argv)

@@ -8,7 +8,7 @@ fixed ``max_new_tokens``), and reports per setting the acceptance length
 the speed-up against the run without speculation (`remote.eval.report`).
 
 Settings (``stages.eval``, complete from the workstation): ``launcher``,
-``model``, ``port``, ``server_args``, ``server_env``, ``start_timeout``,
+``model``, ``port``, ``server_args``, ``server_env``, ``server_start_timeout``,
 ``draft``, ``grid``, ``prompts``, ``num_prompts``, ``max_new_tokens``,
 ``concurrency``, ``request_timeout``.
 
@@ -29,16 +29,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from remote import jobs, server, stages
+from remote import jobs, processes, server, stages
 from remote.eagle3 import StageInputError
 from remote.eval import prompts as prompt_source
 from remote.eval import report as reports
 from remote.eval.sglang import GenerateError, Measurement, Setting, launch_command, measure
 from remote.progress import Progress, read_json, write_json_atomic
+from remote.settings import missing
 from remote.stages import StageContext
 
 STOP_GRACE = 4.0  # seconds; `inv stop` kills the job's group 10 s after its SIGTERM
 REPORT_BESIDE_DRAFT = "eval.json"
+SETTINGS = ("launcher", "model", "port", "server_args", "server_env", "server_start_timeout", "draft", "grid", "prompts",
+            "num_prompts", "max_new_tokens", "concurrency", "request_timeout")
 
 
 class EvalError(Exception):
@@ -51,13 +54,15 @@ class Stopped(Exception):
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     settings = ctx.stage_config
-    if not settings.get("draft") or not settings.get("grid"):
-        raise StageInputError("the eval stage runs from `inv eval`, which resolves its settings; not `inv launch`")
+    complaint = missing(settings, "eval", list(SETTINGS))
+    if complaint or not settings["draft"]:
+        raise StageInputError(complaint or "stages.eval.draft is unset: run the evaluation with `inv eval`, "
+                              "which resolves it to train's output")
     draft = Path(settings["draft"])
     if not (draft / "config.json").is_file():
         raise StageInputError(f"no draft at {draft} (no config.json): train first, or set stages.eval.draft")
     grid = [Setting.of(entry) for entry in settings["grid"]]
-    if settings.get("prompts"):
+    if settings["prompts"]:
         prompts = prompt_source.from_file(Path(settings["prompts"]), int(settings["num_prompts"]))
     else:
         prompts = prompt_source.from_training(draft.parent, int(settings["num_prompts"]))
@@ -70,7 +75,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     results = []
     for setting in grid:
         results.append((setting, measure_on_server(ctx, settings, setting, prompts, progress)))
-    report = reports.build(baseline, results, str(draft), list(settings.get("server_args", [])), {
+    report = reports.build(baseline, results, str(draft), list(settings["server_args"]), {
         "prompts": len(prompts), "max_new_tokens": int(settings["max_new_tokens"]),
         "concurrency": int(settings["concurrency"]), "release": ctx.release,
     })
@@ -118,10 +123,10 @@ def running(command: str, log: Path, record: Path, url: str, settings: dict[str,
                         "stop it or set stages.eval.port")
     progress.note(f"{name}: starting the server")
     print(f"server: {command}", flush=True)
-    pid = server.start(command, log, env=settings.get("server_env") or {})
-    write_json_atomic(record, {"pid": pid, "pid_start": jobs.process_start(pid)})
+    pid = server.start(command, log, env=settings["server_env"])
+    write_json_atomic(record, {"pid": pid, "pid_start": processes.process_start(pid)})
     try:
-        wait_healthy(url, pid, log, float(settings["start_timeout"]), progress)
+        wait_healthy(url, pid, log, float(settings["server_start_timeout"]), progress)
         yield pid
     finally:
         server.stop(pid, grace=STOP_GRACE)
@@ -143,7 +148,7 @@ def wait_healthy(url: str, pid: int, log: Path, timeout: float, progress: Progre
 def stop_leftover_server(record: Path) -> None:
     """A server a killed run left behind (its pid checked with its start time, never a reused pid)."""
     left = read_json(record, {})
-    if left.get("pid") and jobs.process_start(left["pid"]) == left.get("pid_start"):
+    if left.get("pid") and processes.process_start(left["pid"]) == left.get("pid_start"):
         print(f"server: stopping pid {left['pid']}, left by an earlier run", flush=True)
         server.stop(left["pid"], grace=STOP_GRACE)
     record.unlink(missing_ok=True)
