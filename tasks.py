@@ -24,11 +24,12 @@ def validate(c: Context, inventory: str | None = None, json: bool = False) -> No
     validating.check(load(inventory_name(c, inventory)), console(), as_json=json)
 
 
-@task(help={"inventory": INVENTORY, "dry_run": "list what would be added, changed and removed; send nothing"})
-def deploy(c: Context, inventory: str | None = None, dry_run: bool = False) -> None:
+@task(help={"inventory": INVENTORY, "dry_run": "list what would be added, changed and removed; send nothing",
+            "revalidate": "validate every dataset again, even those whose sample, prep code and settings are unchanged"})
+def deploy(c: Context, inventory: str | None = None, dry_run: bool = False, revalidate: bool = False) -> None:
     """Check locally, then sync remote/ to the host(s) as a new release, atomically."""
     with fleet(inventory_name(c, inventory)) as hosts:
-        validating.check(hosts.inventory, console())
+        validating.check(hosts.inventory, console(), cached=not revalidate)
         hosts.raise_failures(hosts.each(lambda host, out: control.deploy(host, out, dry_run), console()))
 
 

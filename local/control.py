@@ -48,8 +48,8 @@ def mine(host: RemoteHost, datasets: list[str] | None) -> list[str] | None:
 
 def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | None:
     """Send what changed to one host (`inv deploy` has validated the inventory's data first)."""
-    deploying.check_sources()
     plan = deploying.plan(host, deploying.manifest())
+    deploying.check_sources(paths=plan.send)
     where = f"{host.name}:{host.root}"
     if plan.is_noop:
         console.print(f"Nothing to deploy: {where} runs release {plan.base}, identical to this checkout.")

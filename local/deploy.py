@@ -1,8 +1,9 @@
 """`inv deploy`: check here, then send only what changed, in one stream, and switch atomically.
 
-Round trips: one to read the host's current manifest, one to send the changed
-files as a gzip tar on stdin; the host assembles the release beside the old
-one and switches `current` by rename (remote/release.py).
+Round trips: one to read the host's current manifest (a `cat`: no Python starts
+on the host for a deploy that sends nothing), one to send the changed files as a
+gzip tar on stdin; the host assembles the release beside the old one and
+switches `current` by rename (remote/release.py).
 """
 
 from __future__ import annotations
@@ -10,14 +11,18 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import shlex
 import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from local.errors import AerieError
 from local.host import RemoteHost
 from local.inventory import REPO
+from remote.release import MANIFEST
+from remote.wire import CLOSE, OPEN, decode
 
 #: What a release holds: the host-side code and the sample data the `local` inventory reads.
 SHIPPED = ("remote", "inventories/samples")
@@ -35,10 +40,15 @@ def manifest(repo: Path = REPO) -> dict[str, str]:
     return files
 
 
-def check_sources(repo: Path = REPO) -> None:
-    """Byte-compile everything under remote/ in memory: a syntax error stops the deploy here."""
+def check_sources(repo: Path = REPO, paths: list[str] | None = None) -> None:
+    """Byte-compile `paths` (default: everything under remote/) in memory: a syntax error stops the deploy here.
+
+    A deploy passes only the files it sends: those the host holds already passed this check.
+    """
     problems = []
-    for path in sorted((repo / "remote").rglob("*.py")):
+    chosen = sorted((repo / "remote").rglob("*.py")) if paths is None else [
+        repo / p for p in sorted(paths) if p.endswith(".py") and p.startswith("remote/")]
+    for path in chosen:
         try:
             compile(path.read_bytes(), str(path.relative_to(repo)), "exec")
         except SyntaxError as exc:
@@ -71,8 +81,21 @@ class Plan:
         return f"{time.strftime('%Y%m%d-%H%M%S')}-{digest}"
 
 
+def current_release(host: RemoteHost) -> dict[str, Any]:
+    """The host's current manifest, read with `cat` between the payload tags; nothing deployed: no files."""
+    path = shlex.quote(f"{host.root}/current/{MANIFEST}")
+    empty = shlex.quote(json.dumps({"id": None, "files": {}}))
+    result = host.transport.run(f"printf %s {shlex.quote(OPEN)}; cat {path} 2>/dev/null || printf %s {empty}; "
+                                f"printf '%s\\n' {shlex.quote(CLOSE)}")
+    try:
+        current = decode(result.stdout)
+    except ValueError:  # a manifest cut short: the host's own reader treats it as no release too
+        return {"id": None, "files": {}}
+    return current if isinstance(current, dict) and isinstance(current.get("files"), dict) else {"id": None, "files": {}}
+
+
 def plan(host: RemoteHost, files: dict[str, str]) -> Plan:
-    current = host.release("manifest")
+    current = current_release(host)
     theirs = current.get("files", {})
     return Plan(
         base=current.get("id"),

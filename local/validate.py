@@ -19,6 +19,7 @@ from rich.text import Text
 
 from local import jobs
 from local.errors import AerieError
+from local.validate_cache import ValidationCache, keys as cache_keys
 from local.inventory import INVENTORIES, REPO, Inventory
 from local.transport import LocalTransport
 from remote.wire import decode
@@ -52,9 +53,13 @@ def request(inventory: Inventory) -> dict[str, Any]:
 OFFLINE = "HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1"
 
 
-def validate(inventory: Inventory) -> list[dict[str, Any]]:
+def validate(inventory: Inventory, names: list[str] | None = None) -> list[dict[str, Any]]:
+    """Prep over the samples of `names` (default: every dataset), in a Python of its own."""
+    asked = request(inventory)
+    if names is not None:
+        asked["datasets"] = {name: asked["datasets"][name] for name in names}
     command = (f"cd {shlex.quote(str(REPO))} && {OFFLINE} {shlex.quote(sys.executable)} -m remote.prep.validate "
-               f"{shlex.quote(json.dumps(request(inventory)))}")
+               f"{shlex.quote(json.dumps(asked))}")
     result = LocalTransport().run(command)
     try:
         return decode(result.stdout)
@@ -86,13 +91,28 @@ def _learned(entry: dict[str, Any]) -> tuple[str, str, str]:
     return str(entry["records"]), turns, learned
 
 
-def check(inventory: Inventory, console: Console, as_json: bool = False) -> list[dict[str, Any]]:
-    """Validate and show; an `AerieError` names every dataset that would give zero records."""
-    entries = validate(inventory)
+def check(inventory: Inventory, console: Console, as_json: bool = False, cached: bool = False,
+          cache: ValidationCache | None = None) -> list[dict[str, Any]]:
+    """Validate and show; an `AerieError` names every dataset that would give zero records.
+
+    `cached`: a dataset that passed with the same inputs before (see local/validate_cache.py)
+    is not validated again, and is only named. Every pass is stored either way.
+    """
+    cache = cache or ValidationCache()
+    key = cache_keys(request(inventory))
+    reused = {name: cache.get(key[name], name) for name in inventory.datasets} if cached else {}
+    reused = {name: entry for name, entry in reused.items() if entry is not None}
+    fresh = validate(inventory, [n for n in inventory.datasets if n not in reused]) if len(reused) < len(key) else []
+    for entry in fresh:
+        cache.put(key.get(entry["dataset"]), entry)
+    entries = [reused.get(name) or next(e for e in fresh if e["dataset"] == name) for name in inventory.datasets]
     if as_json:
         print(json.dumps(entries, indent=2))
     else:
-        console.print(render(entries))
+        if fresh:
+            console.print(render(fresh))
+        if reused:
+            console.print(f"validated (cached): {_names(list(reused))} (`--revalidate` checks again)")
         for note in sorted({e["note"] for e in entries if e.get("note")}):
             console.print(f"[yellow]note:[/] {note}")
     bad = [e for e in entries if e["error"] or not e["kept"]]
@@ -100,3 +120,7 @@ def check(inventory: Inventory, console: Console, as_json: bool = False) -> list
         raise AerieError("datasets that would give zero records: " + "; ".join(
             f"{e['dataset']} ({e['error'] or ', '.join(list(e['skip_reasons'])[:2]) or 'no rows'})" for e in bad))
     return entries
+
+
+def _names(names: list[str], shown: int = 8) -> str:
+    return ", ".join(names) if len(names) <= shown else f"{', '.join(names[:shown])} and {len(names) - shown} more"
