@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, TypeVar
 from rich.console import Console
 from rich.rule import Rule
 
+from local.connections import shared
 from local.errors import AerieError
 from local.host import RemoteHost
 from local.inventory import Inventory, load
@@ -112,7 +113,8 @@ class Fleet:
 @contextmanager
 def fleet(name: str) -> Iterator[Fleet]:
     inventory = load(name)
-    group = Fleet(inventory, {host: RemoteHost(view) for host, view in inventory.views().items()})
+    # Shared: the tasks of one `inv` invocation (`inv deploy rerun --failed`) use one connection per host.
+    group = Fleet(inventory, {host: RemoteHost(view, shared(view.host)) for host, view in inventory.views().items()})
     try:
         yield group
     finally:

@@ -93,6 +93,11 @@ class SshTransport:
             self._connection = self._open()
         return self._connection
 
+    @property
+    def is_dropped(self) -> bool:
+        """Opened once and lost since: to be replaced rather than reused (local/connections.py)."""
+        return self._connection is not None and not self._connection.is_connected
+
     def _fabric_config(self) -> Config:
         ssh_config = self.host.ssh_config
         if ssh_config == "none":

@@ -61,7 +61,7 @@ UseDNS no
 PrintMotd no
 PrintLastLog no
 X11Forwarding no
-LogLevel ERROR
+LogLevel {log_level}
 Subsystem sftp internal-sftp
 {set_env}"""
 
@@ -95,6 +95,8 @@ class SshServer:
     environment: dict[str, str] = field(default_factory=dict)
     """Set in every session on this server (sshd's SetEnv)."""
     address: str = ADDRESS
+    log_level: str = "ERROR"
+    """sshd's LogLevel: INFO logs each accepted connection ("Accepted publickey ...")."""
     process: subprocess.Popen | None = None
 
     @property
@@ -112,7 +114,7 @@ class SshServer:
         pairs = " ".join(f"{name}={value}" for name, value in self.environment.items())
         set_env = f"SetEnv {pairs}\n" if pairs else ""
         config.write_text(SSHD_CONFIG.format(
-            address=self.address, port=self.port, user=self.user, set_env=set_env,
+            address=self.address, port=self.port, user=self.user, set_env=set_env, log_level=self.log_level,
             host_key=self.directory / "host_key", pid_file=self.directory / "sshd.pid",
             authorized_keys=self.directory / "authorized_keys",
         ))
@@ -196,6 +198,7 @@ def start_server(
     directory: Path,
     identity: Path | None = None,
     environment: dict[str, str] | None = None,
+    log_level: str = "ERROR",
 ) -> SshServer:
     """Generate keys and configs under `directory` and start a server there.
 
@@ -219,7 +222,7 @@ def start_server(
             known_hosts=directory / "known_hosts", ssh_config=ssh_config, home=home,
             host_key_fingerprint=_fingerprint(directory / "host_key.pub"),
             host_public_key=_public_key(directory / "host_key.pub"),
-            environment=dict(environment or {}),
+            environment=dict(environment or {}), log_level=log_level,
         )
         try:
             server.start()
