@@ -4,7 +4,8 @@ Suites: control (status, launch and deploy over a loopback sshd), prep (with
 Kimi-K2.5's tokenizer, vs. a plain apply_chat_template + encode loop), infer (the stage's client vs.
 plain clients on the same server; `concurrency: auto` vs. pinned 4, 16 and 64 on a
 saturating stand-in), extract (capture vs. a bare forward pass),
-slurm (launch and status of 40 jobs on the test cluster). Figures are recorded in
+slurm (launch and status of 40 jobs on the test cluster), loop (deploy and
+rerun as typed, against rsync, scp and ssh). Figures are recorded in
 docs/benchmarks.md.
 """
 
@@ -16,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-SUITES = ("control", "prep", "infer", "extract", "slurm")
+SUITES = ("control", "loop", "prep", "infer", "extract", "slurm")
 
 
 def run(only: list[str] | None = None) -> dict[str, Any]:

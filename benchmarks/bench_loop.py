@@ -1,0 +1,171 @@
+"""The edit → deploy → rerun loop, timed as the user types it, against the tools it replaces.
+
+Every "as typed" figure is the whole command run as a process from the checkout
+(`.venv/bin/inv deploy -i test`: Python start-up, imports, validation, connection,
+transfer). The baselines run alongside, over the same loopback sshd, turn about with
+the command (A B A B ...) so that a machine whose speed drifts moves both:
+
+- no-op deploy and one-file deploy: `rsync -az remote inventories host:dst/`;
+- `inv deploy rerun --failed` after one edit: `scp` of the edited file, then one
+  `ssh host true` (the seed's loop: copy the script, relaunch over ssh).
+
+The phases beside them are timed inside one process: start-up (`inv --list`: Python,
+Invoke and tasks.py's imports), the cached validation, the connection, and the
+manifest round trip. The tree is the checkout plus filler modules, 200 files in all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from local import deploy, validate
+from local.cli import console
+from local.host import RemoteHost
+from local.inventory import load
+from tests.harness import Bench, copy_checkout, wait_for
+from tests.sshd import start_server
+
+TREE_FILES = 200
+FAILING = "F"  # a dataset whose job fails every time, so that each rerun relaunches one job
+
+
+def paired(a: Callable[[], object], b: Callable[[], object], repeat: int) -> dict[str, float]:
+    """Medians of A and B run in turn, and the median of the pairwise ratios A/B."""
+    times_a, times_b = [], []
+    for _ in range(repeat):
+        for action, times in ((a, times_a), (b, times_b)):
+            started = time.perf_counter()
+            action()
+            times.append(time.perf_counter() - started)
+    return {"seconds": statistics.median(times_a), "baseline_seconds": statistics.median(times_b),
+            "ratio": statistics.median(x / y for x, y in zip(times_a, times_b))}
+
+
+def median_seconds(action: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def inv_argv(*args: str) -> list[str]:
+    """`.venv/bin/inv ARGS` as a user types it (the interpreter's own `inv` script)."""
+    script = Path(sys.executable).parent / "inv"
+    return [str(script), *args] if script.exists() else [sys.executable, "-m", "invoke", *args]
+
+
+def run(repeat: int = 5) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        sshd = start_server(work / "sshd")
+        try:
+            bench = Bench(copy_checkout(work / "checkout"), work / "root", "ssh", sshd)
+            return measure(bench, work, repeat)
+        finally:
+            sshd.stop()
+
+
+def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
+    assert bench.sshd is not None
+    sshd = bench.sshd
+    datasets = {f"D{i:02d}": "records=1" for i in range(9)}
+    bench.scripted({**datasets, FAILING: "records=1 exit=3"})
+    for index in range(TREE_FILES - len(deploy.manifest(bench.checkout))):
+        (bench.checkout / "remote" / "tree").mkdir(exist_ok=True)
+        (bench.checkout / "remote" / "tree" / f"m{index:03d}.py").write_text(f"# module {index}\n" + "X = 1\n" * 200)
+    edited = bench.checkout / "remote" / "tree" / "m000.py"
+
+    def edit() -> None:
+        edited.write_text(edited.read_text() + "# edit\n")
+
+    def run_quietly(argv: list[str]) -> None:
+        env = {**os.environ, "INVOKE_INVENTORY": "test"}
+        subprocess.run(argv, cwd=bench.checkout, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+
+    bench.inv("deploy")  # the first deploy validates every dataset and sends everything
+    bench.inv("launch", "--stage", "prep")
+    wait_for(lambda: bench.poll().get(f"{FAILING}/prep", {}).get("state") == "failed", 60, "the failing job")
+
+    destination = f"{sshd.destination}:{work / 'rsync-copy'}/"
+    rsync = ["rsync", "-az", "-e", sshd.rsh(), "remote", "inventories", destination]
+    run_quietly(rsync)
+    deploy_inv = inv_argv("deploy", "-i", "test")
+    run_quietly(deploy_inv)
+
+    noop = paired(lambda: run_quietly(deploy_inv), lambda: run_quietly(rsync), repeat)
+    one_file = paired(lambda: (edit(), run_quietly(deploy_inv)), lambda: (edit(), run_quietly(rsync)), repeat)
+
+    loop_inv = inv_argv("deploy", "rerun", "--failed")  # the README's one-line form, INVOKE_INVENTORY=test
+    scp_options = ["-P" if option == "-p" else option for option in sshd.ssh_options()[1:]]  # scp's port flag is -P
+    scp = ["scp", "-q", *scp_options, str(edited), f"{sshd.destination}:{work / 'scp-copy.py'}"]
+    ssh_true = sshd.ssh_argv("true")
+
+    def failed_again() -> None:  # outside the timing: the relaunched job must have failed again
+        wait_for(lambda: bench.poll().get(f"{FAILING}/prep", {}).get("state") == "failed", 60, "the job to fail again")
+
+    def loop() -> None:
+        edit()
+        run_quietly(loop_inv)
+
+    def seed_loop() -> None:
+        edit()
+        run_quietly(scp)
+        run_quietly(ssh_true)
+
+    timed_loop, timed_seed = [], []
+    for _ in range(repeat):
+        failed_again()
+        for action, times in ((loop, timed_loop), (seed_loop, timed_seed)):
+            started = time.perf_counter()
+            action()
+            times.append(time.perf_counter() - started)
+    rerun = {"seconds": statistics.median(timed_loop), "baseline_seconds": statistics.median(timed_seed),
+             "ratio": statistics.median(x / y for x, y in zip(timed_loop, timed_seed))}
+    return {
+        "as_typed": {
+            "deploy_noop_vs_rsync": noop,
+            "deploy_one_file_vs_rsync": one_file,
+            "deploy_rerun_failed_vs_scp_plus_ssh": rerun,
+        },
+        "phases": phases(bench, repeat),
+    }
+
+
+def phases(bench: Bench, repeat: int) -> dict[str, float]:
+    """Where an as-typed no-op deploy spends its time, each part timed on its own."""
+    inventory = load(str(bench.checkout / "inventories" / "test.yaml"))
+    quiet = console()
+    quiet.file = open("/dev/null", "w")  # noqa: SIM115 (closed with the process)
+    listed = inv_argv("--list")
+    startup = median_seconds(lambda: subprocess.run(listed, cwd=bench.checkout, check=True, capture_output=True), repeat)
+    validate.check(inventory, quiet, cached=True)  # this process's cache (under this checkout's .aerie) filled
+    cached = median_seconds(lambda: validate.check(inventory, quiet, cached=True), repeat)
+
+    def connect() -> RemoteHost:
+        host = RemoteHost(inventory)
+        host.transport.run("true")
+        return host
+
+    connected = median_seconds(lambda: connect().close(), repeat)
+    host = connect()
+    try:
+        manifest = median_seconds(lambda: deploy.plan(host, deploy.manifest(bench.checkout)), repeat)
+    finally:
+        host.close()
+    return {"startup_inv_list_s": startup, "validation_cached_s": cached, "connect_and_one_command_s": connected,
+            "manifest_and_plan_s": manifest}
+
+
+if __name__ == "__main__":
+    json.dump(run(int(sys.argv[1]) if len(sys.argv) > 1 else 5), sys.stdout, indent=2)
+    print()
