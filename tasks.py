@@ -12,7 +12,7 @@ from invoke import Collection, Context, Exit
 from local import control, evaluation, validate as validating
 from local.cli import console, inventory_name, task
 from local.fleet import fleet
-from local.inventory import load
+from local.inventory_cache import load
 
 INVENTORY = "inventory NAME (inventories/NAME.yaml) or a path; default: config key `inventory`"
 DATASET = "comma-separated dataset names; default: all of the inventory's"

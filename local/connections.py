@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import atexit
 import threading
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-from local.inventory import Host
 from local.transport import Result, Transport, open_transport
+
+if TYPE_CHECKING:
+    from local.inventory import Host
 
 _open: dict[str, Transport] = {}
 _lock = threading.Lock()

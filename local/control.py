@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rich.console import Console
 from rich.live import Live
@@ -16,9 +16,11 @@ from local import deploy as deploying
 from local import jobs, pipeline, status_view, trust as trusting, validate as validating
 from local.errors import AerieError
 from local.host import RemoteHost
-from local.inventory import Inventory
 from local.transport import SshTransport
 from remote.states import BAD, JobState
+
+if TYPE_CHECKING:
+    from local.inventory import Inventory
 
 
 CHECK_STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red"}

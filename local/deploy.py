@@ -20,7 +20,7 @@ from typing import Any
 
 from local.errors import AerieError
 from local.host import RemoteHost
-from local.inventory import REPO
+from local.paths import REPO
 from remote.release import MANIFEST
 from remote.wire import CLOSE, OPEN, decode
 

@@ -12,7 +12,7 @@ import io
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 from rich.console import Console
 from rich.rule import Rule
@@ -20,7 +20,10 @@ from rich.rule import Rule
 from local.connections import shared
 from local.errors import AerieError
 from local.host import RemoteHost
-from local.inventory import Inventory, load
+from local.inventory_cache import load
+
+if TYPE_CHECKING:
+    from local.inventory import Inventory
 
 T = TypeVar("T")
 

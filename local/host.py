@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from local.errors import AerieError, NotDeployed
-from local.inventory import ENV_NAME, REPO, Inventory
+from local.paths import ENV_NAME, REPO
 from local.transport import Result, Transport, open_transport
 from remote.wire import decode
+
+if TYPE_CHECKING:
+    from local.inventory import Inventory
 
 NOT_DEPLOYED = 90  # the exit code of the guard in front of every job command
 RELEASE_AGENT = (REPO / "remote" / "release.py").read_text()

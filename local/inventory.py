@@ -14,17 +14,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from local.errors import AerieError
-
-REPO = Path(__file__).resolve().parent.parent
-INVENTORIES = REPO / "inventories"
+from local.paths import ENV_NAME, INVENTORIES, REPO, resolve_path  # noqa: F401 (also this module's API)
 
 
 #: A dataset name becomes a directory on the host and a word in its commands: a safe identifier only.
 DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DATASET_NAME_RULE = "letters, digits, '_', '.' and '-', starting with a letter or digit, at most 64"
 RESERVED_NAMES = ("pipeline", "draft")  # the pseudo datasets of `inv run` (its runner, the one training job)
-#: An environment variable's name, as a shell takes it in `NAME=value command`.
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Strict(BaseModel):
@@ -297,13 +293,6 @@ class Inventory(Strict):
                 f"unknown dataset {', '.join(unknown)} in {self.path}: expected one of {', '.join(self.datasets) or '(none)'}"
             )
         return [n for n in self.datasets if n in names]
-
-
-def resolve_path(name_or_path: str) -> Path:
-    """`local` means inventories/local.yaml; anything with a slash or .yaml is a path."""
-    if "/" in name_or_path or name_or_path.endswith((".yaml", ".yml")):
-        return Path(name_or_path).expanduser()
-    return INVENTORIES / f"{name_or_path}.yaml"
 
 
 def load(name_or_path: str) -> Inventory:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from local.inventory import Inventory, Stages
+if TYPE_CHECKING:
+    from local.inventory import Inventory
 
 
 def spec(inventory: Inventory, dataset: str, stage: str) -> dict[str, Any]:
@@ -38,6 +39,7 @@ def specs(inventory: Inventory, stage: str, datasets: list[str] | None) -> list[
 
 def all_specs(inventory: Inventory) -> dict[str, dict[str, Any]]:
     """Every (dataset, stage) spec, keyed as the host names job directories, for `rerun`."""
+    from local.inventory import Stages
     return {
         f"{name}/{stage}": placed(inventory, spec(inventory, name, stage))
         for name in inventory.datasets

@@ -7,10 +7,12 @@ Finally one ``draft/train`` over every dataset's extracted states.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from local import jobs
-from local.inventory import Inventory
+
+if TYPE_CHECKING:
+    from local.inventory import Inventory
 
 DRAFT = "draft"  # the pseudo dataset of the one training job over all datasets
 RUNNER = "pipeline"  # the pseudo dataset of the runner job, `pipeline/run`

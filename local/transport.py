@@ -12,13 +12,15 @@ import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 import paramiko
 from fabric import Config, Connection
 
 from local.errors import AerieError
-from local.inventory import Host
+
+if TYPE_CHECKING:  # the schema (pydantic) stays unimported on the fast path: local/inventory_cache.py
+    from local.inventory import Host
 
 #: Set by the test suite: refuse any SSH address that is not loopback.
 LOOPBACK_ONLY_ENV = "AERIE_TEST_ONLY_LOOPBACK"

@@ -11,7 +11,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -20,9 +20,12 @@ from rich.text import Text
 from local import jobs
 from local.errors import AerieError
 from local.validate_cache import ValidationCache, keys as cache_keys
-from local.inventory import INVENTORIES, REPO, Inventory
+from local.paths import INVENTORIES, REPO
 from local.transport import LocalTransport
 from remote.wire import decode
+
+if TYPE_CHECKING:
+    from local.inventory import Inventory
 
 
 def sample_of(inventory: Inventory, name: str) -> str:

@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from local.inventory import REPO
+from local.paths import REPO
 
 CACHE = REPO / ".aerie" / "cache" / "validate"
 PREP = "remote/prep"

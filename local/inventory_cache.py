@@ -1,0 +1,172 @@
+"""Inventories validated once, then read back without YAML or pydantic.
+
+Importing pydantic and building the inventory's models is about a fifth of what
+`inv deploy` costs as typed. An inventory that validated is kept as compact JSON
+under .aerie/cache/inventory/, keyed by its file's bytes and path and the schema's
+code (local/inventory.py); while they are unchanged, `load` reads that JSON back.
+
+What comes back reads like the models: attributes, `model_dump`, `model_dump_json`,
+and `views()`/`is_multi_host` for one host. Anything else (a method such as
+`Inventory.select` or `Slurm.for_stage`) is answered by the real pydantic model,
+built from the cached values the first time it is needed.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from local.paths import REPO, resolve_path
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from local.inventory import Inventory
+
+CACHE = REPO / ".aerie" / "cache" / "inventory"
+#: What decides how a file becomes an inventory: the schema, its defaults, and `load`'s rules.
+SCHEMA_CODE = (REPO / "local" / "inventory.py", REPO / "local" / "paths.py")
+
+
+class Record:
+    """One model's validated values: attributes and dumps as pydantic gives them, the rest from the model."""
+
+    __slots__ = ("_data", "_given", "_shape", "_wrapped", "_real")
+
+    def __init__(self, data: dict[str, Any], given: dict[str, Any], shape: dict[str, Any],
+                 real: BaseModel | None = None) -> None:
+        # `given`: only the keys the file set, so that the model rebuilt from it knows what
+        # was left to its default (`Slurm.for_stage` reads `exclude_unset`).
+        self._data, self._given, self._shape, self._wrapped, self._real = data, given, shape, {}, real
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name in self._data:
+            if name not in self._wrapped:
+                self._wrapped[name] = self._wrap(name)
+            return self._wrapped[name]
+        return getattr(self._model(), name)
+
+    def _wrap(self, name: str) -> Any:
+        value, given, shape = self._data[name], self._given.get(name) or {}, self._shape["fields"].get(name)
+        if shape is None or value is None:
+            return value
+        if "values" in shape:  # e.g. datasets: a dict of models
+            return {key: Record(item, given.get(key) or {}, shape["values"]) for key, item in value.items()}
+        return Record(value, given, shape)
+
+    def _model(self) -> BaseModel:
+        if self._real is None:
+            from local import inventory as schema  # NOTE: pydantic, only for what the cache cannot answer
+
+            self._real = getattr(schema, self._shape["class"]).model_validate(self._given)
+        return self._real
+
+    def model_dump(self, *, exclude: set[str] | None = None, **options: Any) -> dict[str, Any]:
+        if options or not isinstance(exclude, (set, frozenset, type(None))):
+            return self._model().model_dump(exclude=exclude, **options)
+        return {key: copy.deepcopy(value) for key, value in self._data.items() if key not in (exclude or ())}
+
+    def model_dump_json(self) -> str:
+        return json.dumps(self._data, sort_keys=True)
+
+
+class CachedInventory(Record):
+    """An `Inventory` read back from the cache; `path` is where its file is."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, data: dict[str, Any], given: dict[str, Any], shape: dict[str, Any], path: Path,
+                 real: Inventory | None = None) -> None:
+        super().__init__(data, given, shape, real)
+        self.path = path
+
+    @property
+    def is_multi_host(self) -> bool:
+        return bool(self._data.get("hosts"))
+
+    def views(self) -> dict[str, Any]:
+        return {"": self} if not self.is_multi_host else self._model().views()  # type: ignore[attr-defined]
+
+    def _model(self) -> BaseModel:
+        real = super()._model()
+        real.path = self.path  # type: ignore[attr-defined]
+        return real
+
+
+def load(name_or_path: str, cache: Path = CACHE) -> Inventory:
+    """`local.inventory.load`, validated once per version of the file and of the schema."""
+    path = resolve_path(name_or_path)
+    try:
+        key = _key(path)
+    except OSError:  # a missing file: the full load says so in one line
+        key = None
+    if key is not None:
+        stored = _read(cache / f"{key}.json", path)
+        if stored is not None:
+            return stored  # type: ignore[return-value]
+    from local import inventory as schema
+
+    real = schema.load(name_or_path)
+    data, given = real.model_dump(mode="json"), real.model_dump(mode="json", exclude_unset=True)
+    shape = shape_of(type(real))
+    if key is not None:
+        _write(cache, key, {"key": key, "path": str(path), "data": data, "given": given, "shape": shape})
+    return CachedInventory(data, given, shape, path, real)  # type: ignore[return-value]
+
+
+def shape_of(model: type[BaseModel]) -> dict[str, Any]:
+    """Which fields of `model` hold models (or dicts of models), down to the leaves, by class name."""
+    from typing import get_args, get_origin
+
+    from pydantic import BaseModel
+
+    def is_model(kind: Any) -> bool:
+        return isinstance(kind, type) and issubclass(kind, BaseModel)
+
+    fields: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if get_origin(annotation) is dict and is_model(get_args(annotation)[1]):
+            fields[name] = {"values": shape_of(get_args(annotation)[1])}
+            continue
+        inner = [kind for kind in (annotation, *get_args(annotation)) if is_model(kind)]
+        if inner:
+            fields[name] = shape_of(inner[0])
+    return {"class": model.__name__, "fields": fields}
+
+
+def _key(path: Path) -> str:
+    digest = hashlib.sha256(f"{path.resolve()}\0{REPO}\0".encode() + path.read_bytes())
+    for code in SCHEMA_CODE:
+        digest.update(b"\0" + code.read_bytes())
+    return digest.hexdigest()
+
+
+def _read(file: Path, path: Path) -> CachedInventory | None:
+    try:
+        stored = json.loads(file.read_text())
+        if stored["key"] == file.stem and isinstance(stored["data"], dict) and isinstance(stored["given"], dict) \
+                and isinstance(stored["shape"]["fields"], dict):
+            return CachedInventory(stored["data"], stored["given"], stored["shape"], path)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # NOTE: a corrupt entry costs one full load, never the task
+    return None
+
+
+def _write(cache: Path, key: str, document: dict[str, Any]) -> None:
+    cache.mkdir(parents=True, exist_ok=True)
+    temporary = cache / f".{key}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+    try:
+        temporary.write_text(json.dumps(document))
+        os.replace(temporary, cache / f"{key}.json")
+    except OSError:
+        pass  # a read-only checkout validates every time, as before
+    finally:
+        temporary.unlink(missing_ok=True)
