@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import invoke
 from invoke import Context, Exit
-from rich.console import Console
 
 from local.errors import AerieError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def task(*args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], invoke.Task]:
@@ -40,4 +43,37 @@ def inventory_name(c: Context, given: str | None) -> str:
 def console() -> Console:
     # NOTE: piped to a file or CI log, rich would assume 80 columns and fold every table.
     wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
-    return Console(highlight=False, soft_wrap=True, width=wide)
+    return LazyConsole(highlight=False, soft_wrap=True, width=wide)  # type: ignore[return-value]
+
+
+#: What rich would change in a line of text: [markup] and :emoji: codes.
+RICH_SYNTAX = re.compile(r"\[|:\S+?:")
+
+
+class LazyConsole:
+    """rich's `Console`, imported on first need: a line of plain text is written as it is.
+
+    Importing rich is about a tenth of an `inv deploy` that only has to say that nothing
+    changed; such a line needs no markup, styles or wrapping (the console soft-wraps).
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self._options, self._rich = options, None
+
+    @property
+    def rich(self) -> Console:
+        if self._rich is None:
+            from rich.console import Console
+
+            self._rich = Console(**self._options)
+        return self._rich
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        if self._rich is None and not options and all(isinstance(o, str) and not RICH_SYNTAX.search(o) for o in objects):
+            sys.stdout.write(" ".join(objects) + "\n")
+            sys.stdout.flush()
+            return
+        self.rich.print(*objects, **options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.rich, name)

@@ -7,11 +7,6 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
-
 from local import deploy as deploying
 from local import jobs, pipeline, status_view, trust as trusting, validate as validating
 from local.errors import AerieError
@@ -19,7 +14,9 @@ from local.host import RemoteHost
 from local.transport import SshTransport
 from remote.states import BAD, JobState
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # rich is imported where a table or a live view is drawn: not for a deploy that sends nothing
+    from rich.console import Console
+
     from local.inventory import Inventory
 
 
@@ -122,6 +119,8 @@ def refresh(fetch: Callable[[], dict[str, Any]], console: Console, title: str, i
             until: Callable[[dict[str, Any]], bool] = lambda state: False) -> dict[str, Any]:
     """The live table (`--watch`, `--follow`, the demo): fetched and redrawn every `interval` seconds
     until `until(state)` or Ctrl-C; the last state, whose frame stays on the screen."""
+    from rich.live import Live
+
     state = fetch()
     with Live(status_view.render(state, title=title, fit=True), console=console, auto_refresh=False) as live:
         try:
@@ -154,6 +153,9 @@ def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
     results = host.call("check", layers=inventory.stages.extract.layers, datasets=list(inventory.datasets),
                         model=jobs.on_host(inventory.target.model_dump(), host.root)["model"],
                         server_url=inventory.stages.infer.server_url)
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title=f"checks on {host.name}", title_justify="left")
     for header in ("check", "", "detail"):
         table.add_column(header)
@@ -247,6 +249,8 @@ def print_figures(figures: dict[str, Any], console: Console, as_json: bool) -> N
     if as_json:
         print(json.dumps(figures, indent=2))
         return
+    from rich.table import Table
+
     table = Table(title="aerie benchmarks", title_justify="left")
     for header, justify in (("suite", "left"), ("figure", "left"), ("value", "right")):
         table.add_column(header, justify=justify)  # type: ignore[arg-type]

@@ -14,15 +14,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
-from rich.console import Console
-from rich.rule import Rule
-
 from local.connections import shared
 from local.errors import AerieError
 from local.host import RemoteHost
 from local.inventory_cache import load
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from local.inventory import Inventory
 
 T = TypeVar("T")
@@ -48,6 +47,9 @@ class Fleet:
         """`work` on every host; one host: as is, errors raised; several: in parallel, errors collected."""
         if not self.is_multi:
             return {"": work(self.single, console)}
+        from rich.console import Console
+        from rich.rule import Rule
+
         outputs = {name: io.StringIO() for name in self.hosts}
 
         def buffered(name: str, host: RemoteHost) -> T:

@@ -13,10 +13,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
 from local import jobs
 from local.errors import AerieError
 from local.validate_cache import ValidationCache, keys as cache_keys
@@ -25,6 +21,9 @@ from local.transport import LocalTransport
 from remote.wire import decode
 
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
     from local.inventory import Inventory
 
 
@@ -71,6 +70,9 @@ def validate(inventory: Inventory, names: list[str] | None = None) -> list[dict[
 
 
 def render(entries: list[dict[str, Any]]) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title="prep over local samples", title_justify="left")
     for header, justify in (("dataset", "left"), ("kind", "left"), ("formats", "left"), ("rows", "right"),
                             ("kept", "right"), ("skipped (top reasons)", "left"), ("records", "right"),
@@ -116,7 +118,7 @@ def check(inventory: Inventory, console: Console, as_json: bool = False, cached:
             console.print(render(fresh))
         if reused:
             console.print(f"validated (cached): {_names(list(reused))} (`--revalidate` checks again)")
-        for note in sorted({e["note"] for e in entries if e.get("note")}):
+        for note in sorted({e["note"] for e in fresh if e.get("note")}):  # a cached entry's note was shown before
             console.print(f"[yellow]note:[/] {note}")
     bad = [e for e in entries if e["error"] or not e["kept"]]
     if bad:
