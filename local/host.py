@@ -64,7 +64,8 @@ class RemoteHost:
     def release(self, verb: str, *args: str, stdin: bytes | None = None) -> Any:
         """The deploy agent, sent as source so that it runs where nothing is deployed yet."""
         argv = " ".join(shlex.quote(a) for a in (verb, self.root, *args))
-        command = f"{shlex.quote(self.python)} -c {shlex.quote(RELEASE_AGENT)} {argv}"
+        # -S: the agent needs the standard library only, and a virtualenv's site can cost more than the deploy.
+        command = f"{shlex.quote(self.python)} -S -c {shlex.quote(RELEASE_AGENT)} {argv}"
         return self._answer(self.transport.run(command, stdin=stdin), f"deploy {verb}")
 
     def _answer(self, result: Result, what: str) -> Any:

@@ -94,6 +94,10 @@ class CachedInventory(Record):
     def views(self) -> dict[str, Any]:
         return {"": self} if not self.is_multi_host else self._model().views()  # type: ignore[attr-defined]
 
+    def stage(self, name: str) -> Any:
+        """A stage's settings (`inv rerun` reads every stage's); an unknown name: the model's refusal."""
+        return getattr(self.stages, name) if name in self._data["stages"] else self._model().stage(name)  # type: ignore[attr-defined]
+
     def _model(self) -> BaseModel:
         real = super()._model()
         real.path = self.path  # type: ignore[attr-defined]

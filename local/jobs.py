@@ -39,11 +39,10 @@ def specs(inventory: Inventory, stage: str, datasets: list[str] | None) -> list[
 
 def all_specs(inventory: Inventory) -> dict[str, dict[str, Any]]:
     """Every (dataset, stage) spec, keyed as the host names job directories, for `rerun`."""
-    from local.inventory import Stages
     return {
         f"{name}/{stage}": placed(inventory, spec(inventory, name, stage))
         for name in inventory.datasets
-        for stage in Stages.model_fields
+        for stage in inventory.stages.model_dump()  # every stage the schema declares, in its order
     }
 
 

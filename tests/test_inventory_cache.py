@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from local import inventory, inventory_cache
+from local import inventory, inventory_cache, jobs
 from local.errors import AerieError
 from local.inventory_cache import load
 from tests.harness import REPO
@@ -49,6 +49,8 @@ def test_a_cached_inventory_reads_like_the_validated_one(tmp_path: Path, name: s
     assert cached.stages.prep.model_dump(exclude={"command"}) == real.stages.prep.model_dump(exclude={"command"})
     assert {n: d.model_dump() for n, d in cached.datasets.items()} == {n: d.model_dump() for n, d in real.datasets.items()}
     assert list(cached.views()) == [""] and cached.views()[""] is cached and not cached.is_multi_host
+    assert cached.stage("extract").model_dump() == real.stage("extract").model_dump()
+    assert jobs.all_specs(cached) == jobs.all_specs(real)
     assert cached._real is None  # all of the above without pydantic's models
 
 
@@ -62,6 +64,8 @@ def test_methods_the_cache_cannot_answer_come_from_the_real_model(tmp_path: Path
     views = cached.views()
     assert sorted(views) == ["gpu1", "gpu2"] and views["gpu1"].host.env == {"A": "1"}
     assert cached.stage("extract").layers == [0, 1]
+    with pytest.raises(AerieError, match="unknown stage 'tokenise'"):
+        cached.stage("tokenise")
 
 
 def test_an_edited_file_is_validated_again(tmp_path: Path) -> None:
