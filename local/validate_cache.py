@@ -45,7 +45,7 @@ def keys(request: dict[str, Any], repo: Path = REPO) -> dict[str, str | None]:
         "code": code_digest(repo),
         "runtime": runtime_digest(),
         "target": request["target"],
-        "tokenizer": tokenizer_digest(request["target"]),
+        "tokenizer": tokenizer_digest(request["target"], repo),
         "stage": request["stage"],
     }
     result: dict[str, str | None] = {}
@@ -118,12 +118,13 @@ def _package_inits(module: str, repo: Path) -> list[Path]:
     return [p for p in inits if p.is_file()]
 
 
-def tokenizer_digest(target: dict[str, Any]) -> str:
+def tokenizer_digest(target: dict[str, Any], repo: Path = REPO) -> str:
     """The tokenizer's files here, or its hub id with the commit this machine's cache holds."""
-    name = target.get("tokenizer")
+    name = target.get("tokenizer") or target.get("model")  # as remote.prep.settings.Target chooses
     if not name:
         return "none"
     path = Path(name).expanduser()
+    path = path if path.is_absolute() else repo / path  # validation runs from the checkout
     if path.is_file():
         return _file_digest(path)
     if path.is_dir():

@@ -80,6 +80,16 @@ def test_the_key_follows_the_tokenizer_files(tmp_path: Path) -> None:
     assert keys(request(tmp_path, target=target))["A"] != before
 
 
+def test_the_key_follows_the_model_folder_when_it_is_the_tokenizer(tmp_path: Path) -> None:
+    repo = copy_checkout(tmp_path / "checkout")
+    (repo / "assets").mkdir()
+    (repo / "assets" / "tokenizer_config.json").write_text("{}")
+    target = {"tokenizer": None, "model": "assets", "trust_remote_code": False}  # relative: to the checkout
+    before = keys(request(tmp_path, target=target), repo)["A"]
+    (repo / "assets" / "tokenizer_config.json").write_text('{"model_max_length": 8}')
+    assert keys(request(tmp_path, target=target), repo)["A"] != before
+
+
 def test_a_sample_that_is_not_a_file_is_never_cached(tmp_path: Path) -> None:
     asked = request(tmp_path, datasets={"A": {"kind": "native", "sample": "org/hub-dataset"}})
     assert keys(asked) == {"A": None}
