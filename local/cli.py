@@ -77,3 +77,10 @@ class LazyConsole:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.rich, name)
+
+    # NOTE: dunder methods bypass __getattr__; rich's Live enters its console (`with console:`).
+    def __enter__(self) -> Console:
+        return self.rich.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.rich.__exit__(*exc)

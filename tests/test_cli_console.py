@@ -1,0 +1,35 @@
+"""The console every task prints through: plain lines without importing rich, anything else through rich."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+from local.cli import LazyConsole
+from tests.harness import REPO
+
+
+def test_a_plain_line_is_printed_without_importing_rich() -> None:
+    code = ("import sys; from local.cli import console; c = console(); "
+            "c.print('Nothing to deploy: 127.0.0.1:/r runs release 1, identical'); print('rich' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout == "Nothing to deploy: 127.0.0.1:/r runs release 1, identical\nFalse\n"
+
+
+def test_markup_and_emoji_codes_go_through_rich() -> None:
+    out = io.StringIO()
+    console = LazyConsole(file=out, width=80, highlight=False, soft_wrap=True)
+    console.print("[red]fail[/] then :warning: and plain")
+    assert out.getvalue() == "fail then ⚠ and plain\n"
+
+
+def test_a_live_view_runs_on_the_lazy_console() -> None:
+    from rich.live import Live
+    from rich.text import Text
+
+    out = io.StringIO()
+    console = LazyConsole(file=out, width=80)
+    with Live(console=console, auto_refresh=False) as live:  # type: ignore[arg-type]
+        live.update(Text("frame two"), refresh=True)
+    assert "frame two" in out.getvalue()
