@@ -10,18 +10,18 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from typing import Any, Callable
-
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any, Callable
 
 from local import jobs
 from local.errors import AerieError
-from local.host import RemoteHost
-from local.inventory import Inventory
 from local.pipeline import DRAFT, GPU_STAGES, RUNNER
 from remote.states import JobState
+
+if TYPE_CHECKING:  # the schema and rich load only when `inv eval` runs, not with every task
+    from rich.console import Console
+
+    from local.host import RemoteHost
+    from local.inventory import Inventory
 
 STAGE = "eval"
 KEY = f"{DRAFT}/{STAGE}"
@@ -94,6 +94,9 @@ def follow(fetch: Callable[[], dict[str, Any]], say: Callable[[str], None], inte
 
 def show(report: dict[str, Any], console: Console) -> None:
     """The table of settings against the baseline, the warnings, and the flags to serve with."""
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title=f"draft {report.get('draft')} on {report.get('prompts')} held-out prompts, "
                         f"{report.get('max_new_tokens')} new tokens each", title_justify="left")
     for header in ("num_steps", "topk", "draft tokens", "accept length", "tok/s", "speed-up"):
