@@ -119,7 +119,8 @@ def test_two_runs_of_a_job_never_take_each_others_temporary_files(tmp_path: Path
     from remote.prep.write import OutputWriter
 
     def batch(name: str, width: int) -> Prepared:
-        tokens = Tokens(np.full(width, 7, dtype=np.int32), np.ones(width, dtype=np.int8))
+        tokens = Tokens(np.full(width, 7, dtype=np.int32), np.ones(width, dtype=np.int8),
+                        np.zeros(width, dtype=bool))
         return Prepared([Record(name, [{"role": "user", "content": name}])], [tokens], Summary())
 
     monkeypatch.setenv("AERIE_RUN", "first")
