@@ -6,7 +6,10 @@
 - ``capture``: what the extract stage does per batch -- ``output_hidden_states``,
   the aux layers concatenated, the final state, all copied to the CPU;
 - ``extract``: ``capture`` plus writing each record as a SpecForge ``.ckpt``;
-- ``train_step``: one TTT training step of the EAGLE-3 draft on the same batch.
+- ``train_step``: one TTT training step of the EAGLE-3 draft on the same batch;
+- ``memory``: the peak resident memory a capture adds, in a fresh process each,
+  for the stage's hooks and for ``output_hidden_states`` (what extract did
+  before), on a deeper model where keeping every layer's states shows.
 
 Figures are tokens/s; ``*_ratio`` is tokens/s over the bare forward's. The
 default is the tiny CPU model; on a GPU: ``--hidden 4096 --dtype bfloat16``.
@@ -16,6 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -99,7 +105,42 @@ def run(hidden: int = 64, layers: int = 4, vocab: int = 785, dtype: str = "float
     results["extract_ratio"] = round(results["extract_tok_s"] / results["forward_tok_s"], 3)
     results.update(train_step(model, config, grab(), rows, aux_layers, ttt_steps, min(draft_vocab, vocab), device, repeats))
     results["train_step_ratio"] = round(results["train_step_tok_s"] / results["forward_tok_s"], 3)
+    results["memory"] = memory()
     return results
+
+
+def all_states_capture(decoder, batch: list[list[int]], layers: list[int]) -> list[tuple[Any, Any]]:
+    """The baseline: every layer's states kept (``output_hidden_states``), three of them used."""
+    ids = torch.tensor(batch)
+    with torch.inference_mode():
+        states = decoder(input_ids=ids, use_cache=False, output_hidden_states=True).hidden_states
+    aux = torch.cat([states[i + 1] for i in layers], dim=-1)
+    return [(aux[row], states[-1][row]) for row in range(len(batch))]
+
+
+def peak_capture_mib(method: str, hidden: int, layers: int, batch: int, seq: int) -> float:
+    """In this (fresh) process: MiB the capture adds to the peak resident set, over the model's own."""
+    model, _ = build_target(hidden, layers, 1024, torch.float32, "cpu")
+    decoder = decoder_of(model)
+    rows = torch.randint(0, 1024, (batch, seq)).tolist()
+    aux_layers = [1, layers // 2 - 1, layers - 4]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kept = capture(decoder, rows, aux_layers, "cpu") if method == "hooks" else all_states_capture(decoder, rows, aux_layers)
+    assert len(kept) == batch
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024  # ru_maxrss is in KiB on Linux
+
+
+def memory(hidden: int = 512, layers: int = 32, batch: int = 4, seq: int = 1024) -> dict[str, Any]:
+    """Peak memory added by the hooks' capture and by output_hidden_states, each in a fresh process."""
+    figures: dict[str, Any] = {"hidden": hidden, "layers": layers, "batch": batch, "seq": seq}
+    for method in ("hooks", "all_states"):
+        code = f"from benchmarks.bench_extract import peak_capture_mib as p; print(p({method!r}, {hidden}, {layers}, {batch}, {seq}))"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        figures[f"{method}_peak_mib"] = round(float(out.stdout.strip().splitlines()[-1]), 1)
+    # What one layer's states for the batch weigh, to read the figures against.
+    figures["states_per_layer_mib"] = round(batch * seq * hidden * 4 / 2**20, 1)
+    figures["saved_mib"] = round(figures["all_states_peak_mib"] - figures["hooks_peak_mib"], 1)
+    return figures
 
 
 def train_step(model, config, captured, rows, aux_layers, ttt_steps, draft_vocab, device, repeats) -> dict[str, Any]:
@@ -140,7 +181,11 @@ def main() -> None:
     parser.add_argument("--ttt-steps", type=int, default=7)
     parser.add_argument("--draft-vocab", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--memory-only", action="store_true", help="only the capture's peak memory, hooks vs output_hidden_states")
     args = parser.parse_args()
+    if args.memory_only:
+        print(json.dumps(memory(), indent=2))
+        return
     print(json.dumps(run(args.hidden, args.layers, args.vocab, args.dtype, args.batch, args.seq, args.ttt_steps, args.draft_vocab, args.repeats), indent=2))
 
 

@@ -141,3 +141,22 @@ def extracted(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     env = stage_env(root, "extract", EXTRACT_SETTINGS, {"target": {"model": str(tiny_target)}})
     result = run_stage("extract", env)
     return {"root": root, "env": env, "records": records, "result": result}
+
+
+@pytest.fixture(scope="session")
+def kimi_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Kimi-K2.5-shaped target (multimodal wrapper around a DeepseekV3 MoE with MLA), built once."""
+    from remote.tiny_kimi import build_kimi_model
+    from remote.tiny_model import copy_tokenizer, tokenizer_vocab_size
+    from remote.tiny_tokenizer import build_tokenizer
+
+    tokenizer = tmp_path_factory.mktemp("kimi-tokenizer")
+    build_tokenizer(tokenizer)
+    path = build_kimi_model(tmp_path_factory.mktemp("kimi-target"), tokenizer_vocab_size(tokenizer))
+    copy_tokenizer(tokenizer, path)
+    return path
+
+
+def text_vocab_size(model_dir: Path) -> int:
+    config = json.loads((model_dir / "config.json").read_text())
+    return (config.get("text_config") or config)["vocab_size"]

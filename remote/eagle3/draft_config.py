@@ -85,7 +85,7 @@ def build(target: dict[str, Any], layers: list[int], draft_vocab_size: int) -> d
         "intermediate_size": int(target.get("intermediate_size") or 4 * hidden),
         "num_attention_heads": heads,
         "num_key_value_heads": int(target.get("num_key_value_heads") or heads),
-        "head_dim": int(target.get("head_dim") or hidden // heads),
+        "head_dim": _head_dim(target, hidden, heads),
         "num_hidden_layers": 1,
         "hidden_act": "silu",
         "rms_norm_eps": float(target.get("rms_norm_eps") or 1e-6),
@@ -115,6 +115,14 @@ def finalize(config: dict[str, Any], layers: list[int], vocab_size: int, draft_v
     config["tie_word_embeddings"] = False
     config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(layers), "use_aux_hidden_state": True}
     return config
+
+
+def _head_dim(target: dict[str, Any], hidden: int, heads: int) -> int:
+    # NOTE: an MLA target's (DeepseekV3, Kimi) head_dim is its rope part only,
+    # not a Llama attention head's width.
+    if "kv_lora_rank" in target:
+        return hidden // heads
+    return int(target.get("head_dim") or hidden // heads)
 
 
 def _rope_theta(target: dict[str, Any]) -> float:

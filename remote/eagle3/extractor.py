@@ -1,37 +1,78 @@
 """Run the target over tokenised records and keep the hidden states EAGLE-3 trains on.
 
-One forward pass per batch with ``output_hidden_states``; per record it keeps
-the concatenated outputs of the configured layers (``hidden_states[id + 1]``,
-see `remote.eagle3.layers`) and the final hidden state (``hidden_states[-1]``,
-after the final norm -- what the lm_head reads and what SpecForge stores as
-``hidden_state``). The base model is called without its lm_head, so no
-``T x vocab`` logits are ever built.
+One forward pass per batch with forward hooks on exactly what is kept: the
+outputs of the configured decoder layers (id ``i`` is ``layers[i]``'s output,
+HF's ``hidden_states[i + 1]``, see `remote.eagle3.layers`), concatenated, and
+the final norm's output (what the lm_head reads and what SpecForge stores as
+``hidden_state``). ``output_hidden_states`` would keep every layer's states for
+the batch -- 62 tensors of ``B x T x 7168`` for Kimi-K2.5 when 4 are needed --
+so it is never asked for; the other layers' outputs are freed as the forward
+pass goes. The base model is called without its lm_head, so no ``T x vocab``
+logits are ever built.
+
+A multimodal target whose ``config.json`` keeps the language model in
+``text_config`` (Kimi-K2.5: a DeepseekV3-style MoE with MLA, weights under
+``language_model.*``) is loaded as that language model alone: the vision
+tower is never built.
 """
 
 from __future__ import annotations
 
+import json
+import re
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from remote.eagle3.layers import hf_index
+from remote.eagle3 import StageInputError
 from remote.eagle3.prep_input import Record
 from remote.eagle3.shards import ShardStore
+from remote.eagle3.target import LANGUAGE_PREFIX
 from remote.progress import Progress
 
 DTYPES = ("bfloat16", "float16", "float32")
 
 
 def load_target(path: Any, dtype: str, trust_remote_code: bool, device: str):
-    """The target in eval mode on `device` (spread over every GPU when there are several)."""
+    """The target's language model in eval mode on `device` (spread over every GPU when there are several)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype), "trust_remote_code": trust_remote_code}
     if device == "cuda" and torch.cuda.device_count() > 1:
         kwargs["device_map"] = "auto"
+    text = language_config(Path(path))
+    if text is not None:
+        # NOTE: the wrapper's weights are `language_model.<causal LM name>`; the
+        # mapping strips the prefix and the vision weights are left unread.
+        kwargs.update(config=text, key_mapping={rf"^{re.escape(LANGUAGE_PREFIX)}": ""})
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
     if "device_map" not in kwargs:
         model = model.to(device)
     return model
+
+
+def language_config(path: Path):
+    """The `text_config` of a multimodal wrapper as a transformers config, or None for a plain causal LM.
+
+    Kimi's text ``model_type`` (``kimi_k2``) is not one transformers knows; its
+    shape is DeepseekV3's (MLA + MoE), so an unknown type with MLA's
+    ``kv_lora_rank`` is read as ``deepseek_v3``.
+    """
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    raw = json.loads((path / "config.json").read_text())
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        return None
+    values = {k: v for k, v in text.items() if k != "model_type"}
+    model_type = text.get("model_type", "")
+    if model_type not in CONFIG_MAPPING:
+        if "kv_lora_rank" not in text:
+            raise StageInputError(f"{path / 'config.json'}: text_config model_type {model_type!r} is unknown to transformers")
+        model_type = "deepseek_v3"
+    return AutoConfig.for_model(model_type, **values)
 
 
 def decoder_of(model):
@@ -39,6 +80,36 @@ def decoder_of(model):
     get = getattr(model, "get_decoder", None)
     decoder = get() if get else None
     return decoder if decoder is not None else model
+
+
+def decoder_layers(decoder) -> tuple[Any, Any]:
+    """(the decoder layers, the final norm) of a base model: Llama, DeepseekV3 and their kin."""
+    layers = getattr(decoder, "layers", None)
+    norm = getattr(decoder, "norm", None)
+    if layers is None or norm is None:
+        raise StageInputError(f"{type(decoder).__name__} has no .layers and .norm: a decoder-only causal LM is needed")
+    return layers, norm
+
+
+@contextmanager
+def hooks(decoder, layers: list[int]) -> Iterator[dict[Any, Any]]:
+    """Forward hooks that keep `layers`' outputs (by id) and the final norm's (key "final")."""
+    blocks, norm = decoder_layers(decoder)
+    kept: dict[Any, Any] = {}
+
+    def keep(key: Any):
+        def hook(module, args, output) -> None:
+            # NOTE: a decoder layer returns a tensor in transformers 5 and a tuple in 4.x.
+            kept[key] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    handles = [blocks[i].register_forward_hook(keep(i)) for i in layers]
+    handles.append(norm.register_forward_hook(keep("final")))
+    try:
+        yield kept
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def capture(decoder, batch: Sequence[Sequence[int]], layers: list[int], device: str) -> list[tuple[Any, Any]]:
@@ -54,11 +125,11 @@ def capture(decoder, batch: Sequence[Sequence[int]], layers: list[int], device: 
         # depend on the pad tokens after them.
         ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         mask[row, : len(seq)] = 1
-    with torch.inference_mode():
-        out = decoder(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True, use_cache=False)
-    states = out.hidden_states
-    aux = torch.cat([states[hf_index(i)] for i in layers], dim=-1)
-    final = states[-1]
+    with torch.inference_mode(), hooks(decoder, layers) as kept:
+        decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
+    # NOTE: with device_map="auto" the layers sit on different GPUs: gather on the last one's.
+    final = kept["final"]
+    aux = torch.cat([kept[i].to(final.device) for i in layers], dim=-1)
     return [(aux[row, :n].cpu(), final[row, :n].cpu()) for row, n in enumerate(lengths)]
 
 

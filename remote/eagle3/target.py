@@ -18,6 +18,8 @@ from remote.eagle3 import StageInputError
 
 EMBED_SUFFIX = "embed_tokens.weight"
 LM_HEAD_SUFFIX = "lm_head.weight"
+#: Where a multimodal wrapper (Kimi-K2.5) keeps its language model's weights.
+LANGUAGE_PREFIX = "language_model."
 
 
 @dataclass(frozen=True)
