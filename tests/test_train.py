@@ -212,3 +212,62 @@ def test_the_specforge_engine_says_how_to_install_specforge_when_it_is_missing(e
 
     with pytest.raises(StageInputError, match="SpecForge is not installed: no scripts/train_eagle3.py under .*nowhere"):
         train_stage.run(context(env), Progress())
+
+
+def _crash_after(monkeypatch: pytest.MonkeyPatch, calls: int) -> None:
+    """Make the training step raise after `calls` steps, as a kill mid-epoch would end the run."""
+    from remote.eagle3 import trainer
+
+    real, seen = trainer.ttt_loss, []
+
+    def ttt_loss(*args, **kwargs):
+        if len(seen) == calls:
+            raise KeyboardInterrupt("killed")
+        seen.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "ttt_loss", ttt_loss)
+
+
+def test_a_train_run_stopped_mid_epoch_resumes_to_the_same_draft_as_an_unbroken_run(
+    extracted: dict, tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors.torch import load_file
+
+    settings = {**TRAIN_SETTINGS, "epochs": 2, "checkpoint_every": 3}
+    shared = {"target": {"model": str(tiny_target)}}
+    unbroken = stage_env(extracted["root"], "train", settings, shared, dataset="unbroken")
+    broken = stage_env(extracted["root"], "train", settings, shared, dataset="broken")
+    for env in (unbroken, broken):  # both read A1's states
+        env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [extracted["env"]["AERIE_OUTPUT"]]})
+    train_stage.run(context(unbroken), Progress())
+
+    _crash_after(monkeypatch, 7)  # epoch 2's second batch; the last checkpoint is step 6 (epoch 2, batch 1)
+    with pytest.raises(KeyboardInterrupt):
+        train_stage.run(context(broken), Progress())
+    monkeypatch.undo()
+    progress = Progress()
+    manifest = train_stage.run(context(broken), progress)
+
+    assert manifest["resumed_from_step"] == 6 and manifest["steps"] == 10
+    history = json.loads((Path(broken["AERIE_OUTPUT"]) / "history.json").read_text())
+    assert [h["step"] for h in history] == list(range(1, 11))
+    assert progress.records == 10  # the first epoch's records were counted before the stop
+    first = load_file(str(Path(unbroken["AERIE_OUTPUT"]) / "draft" / "model.safetensors"))
+    second = load_file(str(Path(broken["AERIE_OUTPUT"]) / "draft" / "model.safetensors"))
+    # Same batches, same optimizer state, same schedule: the same weights, to the bit.
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_a_finished_train_run_rerun_takes_no_step_and_keeps_its_draft(
+    extracted: dict, tiny_target: Path
+) -> None:
+    settings = {**TRAIN_SETTINGS, "epochs": 1}
+    env = stage_env(extracted["root"], "train", settings, {"target": {"model": str(tiny_target)}}, dataset="again")
+    env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [extracted["env"]["AERIE_OUTPUT"]]})
+    first = train_stage.run(context(env), Progress())
+
+    again = train_stage.run(context(env), Progress())
+
+    assert first["steps"] == again["steps"] == 5 and again["resumed_from_step"] == 5
+    assert again["last_loss"] == first["last_loss"]

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from remote.eagle3.model import Eagle3Draft, shift_left
+from remote.eagle3.resume import TrainState
 
 STEP_DECAY = 0.8
 
@@ -113,16 +114,39 @@ def train(
     on_step: Callable[[int, float, list[float], int], None],
     on_epoch: Callable[[int], None],
     seed: int = 0,
-) -> None:
-    """Train `draft` in place; `samples` are loaded lazily with `load` (records may not fit in memory)."""
+    state: TrainState | None = None,
+    on_checkpoint: Callable[[TrainState], None] | None = None,
+    checkpoint_every: int = 0,
+) -> TrainState:
+    """Train `draft` in place; `samples` are loaded lazily with `load` (records may not fit in memory).
+
+    From `state` (a saved `TrainState`) it goes on where that run stopped: the
+    optimizer and schedule as they were, the epoch and batch position skipped
+    to (or, for a state over other data, only the optimizer and the step
+    count). `on_checkpoint` gets the state every `checkpoint_every` steps and
+    at the end of every epoch; the final state is returned.
+    """
     device, dtype = head.device, draft.fc.weight.dtype
     optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=learning_rate)
     total_steps = epochs * math.ceil(len(samples) / batch_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 0.5 * (1 + math.cos(math.pi * i / max(total_steps, 1))))
-    step = 0
+    state = state or TrainState()
+    if state.optimizer:
+        optimizer.load_state_dict(state.optimizer)
+    if state.schedule:
+        schedule.load_state_dict(state.schedule)
+    step = state.step
+
+    def snapshot(epoch: int, position: int) -> TrainState:
+        return TrainState(epoch=epoch, position=position, step=step, optimizer=optimizer.state_dict(),
+                          schedule=schedule.state_dict(), data=state.data)
+
     draft.train()
-    for epoch in range(epochs):
-        for chunk in batches(samples, batch_size, seed + epoch):
+    for epoch in range(state.epoch, epochs):
+        skip = state.position if epoch == state.epoch else 0
+        for index, chunk in enumerate(batches(samples, batch_size, seed + epoch)):
+            if index < skip:
+                continue
             batch = collate([load(s) for s in chunk], max_length, dtype)
             batch = Batch(*(t.to(device) for t in (batch.input_ids, batch.loss_mask, batch.aux, batch.final)))
             with autocast(device):
@@ -134,5 +158,10 @@ def train(
             schedule.step()
             step += 1
             on_step(step, float(loss.detach()), accuracies, len(chunk) if epoch == 0 else 0)
+            if on_checkpoint and checkpoint_every and step % checkpoint_every == 0:
+                on_checkpoint(snapshot(epoch, index + 1))
         on_epoch(epoch + 1)
+        if on_checkpoint:
+            on_checkpoint(snapshot(epoch + 1, 0))
     draft.eval()
+    return snapshot(epochs, 0)

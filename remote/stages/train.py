@@ -14,6 +14,14 @@ Settings (``stages.train``):
   records held out of training; after every epoch the draft is measured on
   them (`remote.eagle3.acceptance`): per-step accuracy and the expected
   acceptance length of an ``eval_steps``-long chain with top-k 1.
+- ``checkpoint_every``: optimizer steps between resume checkpoints (one is
+  also written at the end of every epoch).
+
+Resuming: ``$AERIE_OUTPUT/resume/state.pt`` (`remote.eagle3.resume`) holds
+the draft, the optimizer and schedule, and the epoch, batch position and step.
+A rerun of the job over the same samples and settings goes on from there; over
+other samples (the chunked route's next chunk) it keeps the draft and the
+optimizer and starts that data's epochs from the beginning.
 
 From the shared settings: ``target.model``
 (the embeddings and the lm_head are read from its safetensors files).
@@ -38,7 +46,7 @@ from remote.eagle3 import draft_config as drafts
 from remote.eagle3 import heldout, plot, specforge
 from remote.eagle3.shards import ShardStore, load_sample
 from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
-from remote.progress import Progress, write_json_atomic
+from remote.progress import Progress, read_json, write_json_atomic
 from remote.settings import need
 from remote import stages
 from remote.stages import StageContext
@@ -111,7 +119,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     # NOTE: torch is imported only once the inputs are known good, so a refusal is instant.
     import torch
 
-    from remote.eagle3 import checkpoint
+    from remote.eagle3 import checkpoint, resume
+    from remote.eagle3.resume import TrainState
     from remote.eagle3.model import Eagle3Draft
     from remote.eagle3.trainer import train
     from remote.eagle3.vocab import build_mapping, token_counts
@@ -122,6 +131,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     d2t, t2d = build_mapping(token_counts(_each(files, progress), shape.vocab_size), config["draft_vocab_size"])
     device = torch.device(best_device())
     embed, head = read_embed_and_head(shape)
+    # NOTE: seeded, so a rerun (and a resumed run) starts from the same draft.
+    torch.manual_seed(0)
     draft = Eagle3Draft(config)
     with torch.no_grad():
         draft.embed_tokens.weight.copy_(embed.float())
@@ -129,7 +140,6 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         draft.t2d.copy_(t2d)
         # NOTE: a warm start: the draft's head begins as the target's rows for the kept tokens.
         draft.lm_head.weight.copy_(head.float()[t2d])
-    draft.to(device)
     head = head.to(device)
 
     out_dir = ctx.output / "draft"
@@ -138,6 +148,9 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     evaluation = heldout.EpochEvaluation(heldout_files, load_sample, int(need(settings, "train", "eval_steps", StageInputError)),
                                          int(need(settings, "train", "max_length", StageInputError)),
                                          ctx.output / plot.PLOT_NAME, progress)
+    batch_size = int(need(settings, "train", "batch_size", StageInputError))
+    state = _resume_state(ctx, draft, files, settings, progress)
+    draft.to(device)
 
     def on_step(step: int, loss: float, accuracies: list[float], records: int) -> None:
         values = {f"acc_{k}": round(a, 4) for k, a in enumerate(accuracies)}
@@ -153,7 +166,14 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         accept = "" if measured.accept_length is None else f", held-out accept length {measured.accept_length:.2f}"
         progress.note(f"epoch {epoch}/{epochs} saved to {out_dir}{accept}")
 
-    progress.expect(epochs * -(-len(files) // int(need(settings, "train", "batch_size", StageInputError))), by="step")
+    progress.expect(epochs * -(-len(files) // batch_size), by="step")
+    earlier = _previous_history(ctx, state.step)
+
+    def on_checkpoint(reached: TrainState) -> None:
+        # NOTE: the history first, so a resumed run never lacks the steps its state counts.
+        write_json_atomic(ctx.output / "history.json", earlier + history)
+        resume.save(ctx.output / "resume", draft, reached)
+
     started = time.time()
     train(
         draft,
@@ -161,14 +181,20 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         files,
         load_sample,
         epochs=epochs,
-        batch_size=int(need(settings, "train", "batch_size", StageInputError)),
+        batch_size=batch_size,
         learning_rate=float(need(settings, "train", "learning_rate", StageInputError)),
         steps=int(need(settings, "train", "ttt_steps", StageInputError)),
         max_length=int(need(settings, "train", "max_length", StageInputError)),
         on_step=on_step,
         on_epoch=on_epoch,
+        state=state,
+        on_checkpoint=on_checkpoint,
+        checkpoint_every=int(need(settings, "train", "checkpoint_every", StageInputError)),
     )
     evaluation.draw()
+    if not history:  # resumed after the last step: the saved draft is the result
+        checkpoint.save(draft, out_dir, {"epoch": epochs, "extract_release": extracted["release"], "release": ctx.release})
+    history = earlier + history
     manifest = {
         "release": ctx.release,
         "engine": "aerie",
@@ -176,8 +202,9 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         "records": len(files),
         "epochs": epochs,
         "steps": len(history),
-        "first_loss": history[0]["loss"],
-        "last_loss": history[-1]["loss"],
+        "resumed_from_step": state.step,
+        "first_loss": history[0]["loss"] if history else None,
+        "last_loss": history[-1]["loss"] if history else None,
         "draft_vocab_size": config["draft_vocab_size"],
         "layers": extracted["layers"],
         "seconds": round(time.time() - started, 3),
@@ -186,6 +213,30 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     write_json_atomic(ctx.output / "manifest.json", manifest)
     write_json_atomic(ctx.output / "history.json", history)
     return manifest
+
+
+def _resume_state(ctx: StageContext, draft, files: list[Path], settings: dict[str, Any], progress: Progress):
+    """The saved training state to go on from (its weights loaded into `draft`), or None."""
+    from remote.eagle3 import resume
+
+    data = resume.fingerprint(files, {k: settings.get(k) for k in ("batch_size", "epochs", "max_length", "ttt_steps")})
+    saved = resume.load(ctx.output / "resume", draft)
+    if saved is None:
+        return resume.TrainState(data=data)
+    if saved.data != data:
+        progress.note(f"continuing the draft from step {saved.step} on new data")
+        return resume.TrainState(step=saved.step, optimizer=saved.optimizer, data=data)
+    progress.note(f"resuming at epoch {saved.epoch + 1}, batch {saved.position}, step {saved.step}")
+    done = len(files) if saved.epoch > 0 else min(len(files), saved.position * int(settings.get("batch_size", 1)))
+    if done:
+        progress.written(done)
+    return saved
+
+
+def _previous_history(ctx: StageContext, step: int) -> list[dict[str, Any]]:
+    """The steps runs before this one took, up to the step it goes on from."""
+    steps = read_json(ctx.output / "history.json", []) if step else []
+    return [h for h in steps if h["step"] <= step]
 
 
 def run_specforge(ctx: StageContext, extracted: dict[str, Any], progress: Progress) -> dict[str, Any]:

@@ -1,0 +1,74 @@
+"""Where training stands, saved so that a stopped or crashed train job goes on from there.
+
+One file, ``<train output>/resume/state.pt`` (``torch.save``): the draft's
+weights (the frozen embeddings left out), the optimizer's and the learning-rate
+schedule's state, and the position -- ``epoch`` (0-based, the one under way),
+``position`` (batches of that epoch already taken) and ``step`` (optimizer
+steps so far). The batch order of an epoch is a fixed shuffle of the sample
+list (seeded by the epoch), so skipping ``position`` batches lands exactly
+where the last run left off.
+
+``data`` fingerprints the samples the position counts in (their paths and
+the training settings). A checkpoint made over other data still carries the
+draft and the optimizer on: the chunked route trains one chunk of records
+after another, each a new list of samples, one draft throughout.
+
+Written to a run-unique temporary name and renamed, so a kill mid-write
+leaves the previous checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FILE = "state.pt"
+#: Not saved: the target's embeddings, read again from the target on every start.
+SHARED = ("embed_tokens.weight",)
+
+
+@dataclass
+class TrainState:
+    """The training position and the optimizer's state; the draft's weights travel beside it."""
+
+    epoch: int = 0
+    position: int = 0
+    step: int = 0
+    optimizer: dict[str, Any] = field(default_factory=dict)
+    schedule: dict[str, Any] = field(default_factory=dict)
+    data: str = ""
+
+
+def fingerprint(files: list[Path], settings: dict[str, Any]) -> str:
+    """What the position is counted in: the sample list and the settings that order and size its batches."""
+    digest = hashlib.sha256(json.dumps([str(f) for f in files]).encode())
+    digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
+
+
+def save(directory: Path, draft: torch.nn.Module, state: TrainState) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / FILE
+    tmp = directory / f".{FILE}.{os.getpid()}.tmp"
+    weights = {k: v.detach().cpu() for k, v in draft.state_dict().items() if k not in SHARED}
+    torch.save({"draft": weights, **state.__dict__}, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load(directory: Path, draft: torch.nn.Module) -> TrainState | None:
+    """The saved state, with its weights copied into `draft`; None when nothing was saved."""
+    path = directory / FILE
+    if not path.is_file():
+        return None
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    result = draft.load_state_dict(saved.pop("draft"), strict=False)
+    if set(result.missing_keys) - set(SHARED) or result.unexpected_keys:
+        raise ValueError(f"{path} is for another draft: missing {result.missing_keys}, unexpected {result.unexpected_keys}")
+    return TrainState(**saved)
