@@ -61,6 +61,7 @@ class Dataset(Strict):
     limit: int | None = Field(None, ge=1)
     streaming: bool = False
     sample: str | None = Field(None, description="a small local sample for `inv validate`, relative to inventories/")
+    rows: int | None = Field(None, ge=1, description="the source's row count, for `inv plan` before prep has run")
 
 
 class Stage(Strict):
@@ -115,6 +116,8 @@ class Extract(Stage):
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     shard_size: int = Field(1000, ge=1)
     draft_config: str | None = Field(None, description="the draft's config.json, to check widths against")
+    disk_budget: int | str | None = Field(None, description="disk the hidden states may take: bytes or e.g. 500G; default: the free space")
+    route: Literal["auto", "offline", "chunked", "online"] = Field("auto", description="see `inv plan`; auto: the first that fits")
 
 
 class Train(Stage):

@@ -228,6 +228,15 @@ def check(args: dict[str, Any]) -> Any:
     return checks.run(args)
 
 
+def plan(args: dict[str, Any]) -> Any:
+    from remote import plan as planning
+
+    try:
+        return planning.plan(args)
+    except planning.PlanError as exc:
+        raise HostError(str(exc)) from None
+
+
 def assets(args: dict[str, Any]) -> Any:
     """Build the demo's tiny target (tokenizer and random Llama) offline, unless it is there."""
     out = Path(args["root"]) / "assets" / "tiny-target"
@@ -263,6 +272,7 @@ VERBS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "check": check,
     "assets": assets,
     "eval_report": eval_report,
+    "plan": plan,
 }
 
 

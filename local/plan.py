@@ -1,0 +1,105 @@
+"""`inv plan`: tokens, the hidden states' size, the host's disk and the route that fits (`remote/plan.py`).
+
+The host reads prep's manifests, the target's config.json and its free disk;
+this side adds `inv validate`'s sample statistics for the datasets prep has not
+run for yet (only when some lack a manifest: it runs prep over the samples).
+`inv run` asks for the same plan and refuses a route that cannot fit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from local import jobs, validate as validating
+from local.errors import AerieError
+from local.host import RemoteHost
+from local.inventory import Inventory
+from remote.plan import size_text, refusal
+
+
+def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    extract, train, prep = inventory.stages.extract, inventory.stages.train, inventory.stages.prep
+    return {
+        "root": root,
+        "model": jobs.on_host(inventory.target.model_dump(), root)["model"],
+        "layers": extract.layers, "dtype": extract.dtype, "disk_budget": extract.disk_budget,
+        "route": extract.route, "engine": train.engine, "max_length": prep.max_length,
+        "datasets": [
+            {"dataset": name, "source": d.source, "kind": d.kind, "rows": d.rows, "limit": d.limit,
+             "max_length": prep.max_length, "estimate": (estimates or {}).get(name),
+             # a prompts dataset's records grow by the target's answer
+             "answer_tokens": inventory.stages.infer.max_tokens if d.kind == "prompts" else 0}
+            for name, d in inventory.datasets.items()
+        ],
+    }
+
+
+def estimates(inventory: Inventory) -> dict[str, dict[str, Any]]:
+    """`inv validate`'s figures per dataset (rows, kept, mean_tokens over its sample); {} when it cannot run."""
+    try:
+        entries = validating.validate(inventory)
+    except AerieError:
+        return {}
+    return {e["dataset"]: {k: e.get(k) for k in ("rows", "kept", "mean_tokens")} for e in entries if not e["error"]}
+
+
+def ask(host: RemoteHost) -> dict[str, Any]:
+    """The host's plan; with sample estimates when prep has not run for some dataset."""
+    result = host.call("plan", **request(host.inventory, host.root))
+    if result["unknown"]:
+        result = host.call("plan", **request(host.inventory, host.root, estimates(host.inventory)))
+    return result
+
+
+def show(host: RemoteHost, console: Console, as_json: bool = False) -> dict[str, Any]:
+    result = ask(host)
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return result
+    table = Table(title=f"plan for {host.name}:{host.root}", title_justify="left")
+    for header, justify in (("dataset", "left"), ("records", "right"), ("tokens", "right"), ("from", "left")):
+        table.add_column(header, justify=justify)  # type: ignore[arg-type]
+    for d in result["datasets"]:
+        table.add_row(d["dataset"], _count(d["records"]), _count(d["tokens"]), d["basis"])
+    table.add_row("total", "", f"{result['tokens']:,}", "")
+    console.print(table)
+    if result.get("bytes_per_token"):
+        console.print(f"hidden states: {result['bytes_per_token']:,} B/token ((len(layers {result['layers']}) + 1) × hidden "
+                      f"{result['hidden_size']:,} × {result['dtype']}) → offline {size_text(result['offline_bytes'])}")
+    budget = size_text(result["disk_budget"]) if result["disk_budget"] else "unset (the free space)"
+    console.print(f"disk: {size_text(result['free_bytes'])} free, stages.extract.disk_budget {budget}")
+    if result["route"]:
+        chunks = f" in {result['chunks']} chunks" if result["route"] == "chunked" else ""
+        console.print(f"route that fits: [bold]{result['route']}[/]{chunks} (configured: {result['configured_route']})")
+    if result.get("reason"):
+        console.print(f"[yellow]note:[/] {result['reason']}")
+    why = refusal(result)
+    if why:
+        console.print(f"[bold red]{why}[/]")
+    return result
+
+
+def require(host: RemoteHost) -> dict[str, Any]:
+    """Before `inv run`: the plan, or an `AerieError` naming the numbers when the configured route cannot fit."""
+    result = ask(host)
+    why = refusal(result)
+    if why:
+        raise AerieError(f"{host.name}: {why}")
+    return result
+
+
+def resolve(host: RemoteHost) -> str | None:
+    """`require`, then the route this run takes recorded in the host's settings (auto: the one that fits)."""
+    result = require(host)
+    extract = host.inventory.stages.extract
+    if extract.route == "auto" and result["route"]:
+        extract.route = result["route"]
+    return result["route"]
+
+
+def _count(value: int | None) -> str:
+    return "?" if value is None else f"{value:,}"

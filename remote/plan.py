@@ -1,0 +1,180 @@
+"""`inv plan` on the host: how big the hidden states will be, and the route for extract and train that fits.
+
+Offline EAGLE-3 states cost ``(len(layers) + 1) x hidden x dtype bytes`` per
+token -- 57 KB for Kimi-K2.5 (3 aux layers + the final state, hidden 7168,
+bfloat16), so 88,000 records of 2-4k tokens are 10-20 TB. The routes:
+
+- ``offline``: every state on disk, then train (fits when the states fit the budget);
+- ``chunked``: extract a chunk of records that fits, train on it, delete it, go on
+  (`remote.chunked`); fits while the largest record fits the budget;
+- ``online``: SpecForge trains with the target running alongside; nothing on disk.
+
+Tokens per dataset come from prep's manifest (tokenize's for a prompts
+dataset) when prep has run, else from the workstation's estimate: `inv
+validate`'s sample statistics scaled by the source's row count (``rows`` in
+the inventory, else the lines of a source file on the host, else ``limit``).
+The budget is ``stages.extract.disk_budget`` (bytes, or ``500G``/``2T``),
+never more than the disk's free space. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+ROUTES = ("offline", "chunked", "online")
+UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
+#: What a stored record costs beyond its states: int64 ids and mask per token, and the file's own framing.
+ID_BYTES_PER_TOKEN = 16
+RECORD_OVERHEAD = 8192
+
+
+class PlanError(Exception):
+    """A setting the plan cannot read; one line for the user."""
+
+
+def parse_size(value: Any) -> int | None:
+    """Bytes from an int or a string such as ``500G``, ``1.5T``, ``800GiB``; None stays None."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    text = str(value).strip().upper().removesuffix("IB").removesuffix("B")
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in UNITS else (text, "")
+    try:
+        size = float(number) * UNITS[unit]
+    except ValueError:
+        raise PlanError(f"stages.extract.disk_budget {value!r}: expected bytes or a size such as 500G or 2T") from None
+    if size <= 0:
+        raise PlanError(f"stages.extract.disk_budget {value!r}: must be more than 0")
+    return int(size)
+
+
+def record_bytes(tokens: int, bytes_per_token: int) -> int:
+    """What one stored record of `tokens` tokens takes on disk, at most."""
+    return tokens * (bytes_per_token + ID_BYTES_PER_TOKEN) + RECORD_OVERHEAD
+
+
+def hidden_size(model: str) -> int | None:
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError, TypeError):
+        return None
+    return (config.get("text_config") or config).get("hidden_size")
+
+
+def prep_manifest(data: Path) -> dict[str, Any] | None:
+    """The manifest of the prep output extract reads: tokenize's for a prompts dataset, else prep's."""
+    for stage in ("tokenize", "prep"):
+        try:
+            manifest = json.loads((data / stage / "manifest.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(manifest.get("tokens"), dict) and manifest["tokens"].get("total") is not None:
+            return manifest
+    return None
+
+
+def source_rows(root: Path, dataset: dict[str, Any]) -> int | None:
+    """The source's row count: the inventory's `rows`, else a source file's lines, else `limit`."""
+    if dataset.get("rows"):
+        return int(dataset["rows"])
+    source = Path(dataset.get("source") or "")
+    path = source if source.is_absolute() else root / "current" / source
+    if dataset.get("source") and path.is_file() and path.suffix == ".jsonl":
+        with path.open("rb") as handle:
+            rows = sum(1 for line in handle if line.strip())
+        return min(rows, int(dataset["limit"])) if dataset.get("limit") else rows
+    return int(dataset["limit"]) if dataset.get("limit") else None
+
+
+def dataset_tokens(root: Path, dataset: dict[str, Any]) -> dict[str, Any]:
+    """{dataset, records, tokens, max_tokens, basis} from prep's manifest, else scaled from the sample."""
+    name = dataset["dataset"]
+    manifest = prep_manifest(root / "data" / name)
+    if manifest is not None:
+        tokens = manifest["tokens"]
+        return {"dataset": name, "records": int(manifest.get("kept", 0)), "tokens": int(tokens["total"]),
+                "max_tokens": int(tokens.get("max") or 0), "basis": "prep"}
+    sample = dataset.get("estimate") or {}
+    rows = source_rows(root, dataset)
+    if rows is None or not sample.get("rows") or not sample.get("mean_tokens"):
+        return {"dataset": name, "records": None, "tokens": None, "max_tokens": None, "basis": "unknown"}
+    records = round(rows * sample["kept"] / sample["rows"])
+    mean = float(sample["mean_tokens"]) + float(dataset.get("answer_tokens") or 0)
+    return {"dataset": name, "records": records, "tokens": round(records * mean),
+            "max_tokens": int(dataset.get("max_length") or 0), "basis": "estimate"}
+
+
+def choose(offline_bytes: int, largest_record: int, budget: int, engine: str) -> tuple[str, int]:
+    """(the route that fits, how many chunks): offline first, then chunked, else online."""
+    if offline_bytes <= budget:
+        return "offline", 1
+    if largest_record <= budget:
+        return "chunked", math.ceil(offline_bytes / budget)
+    return "online", 0
+
+
+def plan(args: dict[str, Any]) -> dict[str, Any]:
+    """The figures `inv plan` shows, from the request the workstation sends (see `local.plan`)."""
+    root = Path(args["root"])
+    layers, dtype = list(args["layers"]), args.get("dtype", "bfloat16")
+    hidden = hidden_size(args.get("model") or "")
+    datasets = [dataset_tokens(root, d) for d in args["datasets"]]
+    known = [d for d in datasets if d["tokens"] is not None]
+    tokens = sum(d["tokens"] for d in known)
+    free = shutil.disk_usage(root if root.exists() else root.parent).free
+    budget = parse_size(args.get("disk_budget"))
+    usable = min(budget, free) if budget else free
+    result: dict[str, Any] = {
+        "datasets": [{k: d[k] for k in ("dataset", "records", "tokens", "basis")} for d in datasets],
+        "tokens": tokens, "hidden_size": hidden, "layers": layers, "dtype": dtype,
+        "bytes_per_token": None, "offline_bytes": None, "free_bytes": free, "disk_budget": budget,
+        "route": None, "chunks": None, "configured_route": args.get("route", "auto"), "engine": args.get("engine", "aerie"),
+        "unknown": [d["dataset"] for d in datasets if d["tokens"] is None],
+    }
+    if hidden is None:
+        result["reason"] = f"no hidden_size: no readable config.json under target.model {args.get('model')!r} on the host"
+        return result
+    per_token = (len(layers) + 1) * int(hidden) * DTYPE_BYTES[dtype]
+    records = sum(d["records"] or 0 for d in known)
+    offline = tokens * per_token
+    # NOTE: the disk test counts ids, masks and file framing too, not only the states.
+    stored = tokens * (per_token + ID_BYTES_PER_TOKEN) + records * RECORD_OVERHEAD
+    largest = record_bytes(max([d["max_tokens"] or 0 for d in known] or [0]) or int(args.get("max_length") or 0), per_token)
+    route, chunks = choose(stored, largest, usable, result["engine"])
+    result.update(bytes_per_token=per_token, offline_bytes=offline, stored_bytes=stored, usable_bytes=usable,
+                  largest_record_bytes=largest, route=route, chunks=chunks)
+    if result["unknown"]:
+        result["reason"] = f"tokens unknown for {', '.join(result['unknown'])}: run prep, or give a sample and `rows`"
+    return result
+
+
+def refusal(result: dict[str, Any]) -> str | None:
+    """Why the configured route cannot run (naming the numbers and the route that would), or None."""
+    wanted, fits, engine = result["configured_route"], result["route"], result["engine"]
+    if fits is None:
+        return None  # nothing known yet to refuse on
+    order = {"offline": 0, "chunked": 1, "online": 2}
+    chosen = fits if wanted == "auto" else wanted
+    numbers = (f"the states take {size_text(result['stored_bytes'])} ({result['tokens']:,} tokens × {result['bytes_per_token']:,} B) "
+               f"and the budget is {size_text(result['usable_bytes'])} (free {size_text(result['free_bytes'])}, "
+               f"disk_budget {size_text(result['disk_budget']) if result['disk_budget'] else 'unset'})")
+    if chosen == "online" and engine != "specforge":
+        return f"nothing fits on disk: {numbers}; the online route needs stages.train.engine specforge"
+    if order[chosen] < order[fits]:
+        would = fits + (f" ({result['chunks']} chunks)" if fits == "chunked" else "")
+        return f"route {chosen} does not fit: {numbers}; the route that fits is {would} (stages.extract.route)"
+    return None
+
+
+def size_text(value: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    return str(value)

@@ -1,0 +1,136 @@
+"""`inv plan`: tokens, the hidden states' size at Kimi-K2.5's shape, the disk, and the route that fits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from remote import plan as planning
+from tests.harness import SAMPLES, Bench, copy_checkout
+
+KIMI_TEXT = {"hidden_size": 7168, "num_hidden_layers": 61, "vocab_size": 163840}
+KIMI_BYTES_PER_TOKEN = (3 + 1) * 7168 * 2  # 57,344: three aux layers and the final state, bfloat16
+
+
+def kimi_config(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"model_type": "kimi_k25", "text_config": KIMI_TEXT}))
+    return path
+
+
+def prep_manifest(root: Path, dataset: str, kept: int, tokens: int, stage: str = "prep") -> None:
+    directory = root / "data" / dataset / stage
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest = {"kept": kept, "release": "r", "tokens": {"total": tokens, "max": 4096}}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+def request(root: Path, model: Path, datasets: list[dict], **extra) -> dict:
+    return {"root": str(root), "model": str(model), "layers": [2, 30, 58], "dtype": "bfloat16",
+            "datasets": datasets, "engine": "aerie", **extra}
+
+
+def test_the_plan_counts_prep_s_tokens_and_sizes_kimi_s_states(tmp_path: Path) -> None:
+    model = kimi_config(tmp_path / "kimi")
+    prep_manifest(tmp_path, "A1", 40_000, 120_000_000)
+    prep_manifest(tmp_path, "B5", 48_000, 144_000_000, stage="tokenize")  # a prompts dataset's answers
+
+    result = planning.plan(request(tmp_path, model, [{"dataset": "A1"}, {"dataset": "B5"}]))
+
+    assert result["datasets"] == [
+        {"dataset": "A1", "records": 40_000, "tokens": 120_000_000, "basis": "prep"},
+        {"dataset": "B5", "records": 48_000, "tokens": 144_000_000, "basis": "prep"},
+    ]
+    assert result["tokens"] == 264_000_000
+    assert result["bytes_per_token"] == KIMI_BYTES_PER_TOKEN
+    assert result["offline_bytes"] == 264_000_000 * KIMI_BYTES_PER_TOKEN  # 15.1 TB: no GPU container has that
+    assert result["free_bytes"] > 0 and result["disk_budget"] is None
+
+
+def test_the_route_is_offline_chunked_or_online_as_the_budget_shrinks(tmp_path: Path) -> None:
+    model = kimi_config(tmp_path / "kimi")
+    prep_manifest(tmp_path, "A1", 1000, 3_000_000)  # 3M tokens: 172 GB of states
+    base = request(tmp_path, model, [{"dataset": "A1"}])
+    free = planning.plan(base)["free_bytes"]
+    stored = planning.plan(base)["stored_bytes"]
+
+    if stored <= free:  # this machine's disk can hold 172 GB: offline under a budget that does too
+        assert planning.plan({**base, "disk_budget": stored})["route"] == "offline"
+    chunked = planning.plan({**base, "disk_budget": "40G"})
+    assert (chunked["route"], chunked["chunks"]) == ("chunked", -(-stored // 2**30 // 40))
+    assert chunked["disk_budget"] == 40 * 2**30
+    # Less than one 4k-token record (235 MB): nothing can be stored at all.
+    assert planning.plan({**base, "disk_budget": "100M"})["route"] == "online"
+
+
+def test_a_route_that_cannot_fit_is_refused_naming_the_numbers_and_the_route_that_would(tmp_path: Path) -> None:
+    model = kimi_config(tmp_path / "kimi")
+    prep_manifest(tmp_path, "A1", 1000, 3_000_000)
+
+    offline = planning.plan(request(tmp_path, model, [{"dataset": "A1"}], disk_budget="40G", route="offline"))
+    why = planning.refusal(offline)
+    assert why is not None and "route offline does not fit" in why
+    assert "3,000,000 tokens × 57,344 B" in why and "40.0 GiB" in why and f"the route that fits is chunked ({offline['chunks']} chunks)" in why
+    # auto takes what fits; chunked when offline would fit is fine (it fits too)
+    assert planning.refusal({**offline, "configured_route": "auto"}) is None
+    online = planning.plan(request(tmp_path, model, [{"dataset": "A1"}], disk_budget="100M"))
+    assert "online route needs stages.train.engine specforge" in planning.refusal(online)
+    assert planning.refusal({**online, "engine": "specforge"}) is None
+
+
+def test_before_prep_the_sample_statistics_are_scaled_by_the_source_s_rows(tmp_path: Path) -> None:
+    model = kimi_config(tmp_path / "kimi")
+    source = tmp_path / "rows.jsonl"
+    source.write_text("{}\n" * 500)
+    sample = {"rows": 10, "kept": 8, "mean_tokens": 3000.0}
+
+    result = planning.plan(request(tmp_path, model, [
+        {"dataset": "A1", "rows": 88_000, "estimate": sample},
+        {"dataset": "B5", "source": str(source), "estimate": sample, "answer_tokens": 1000},
+        {"dataset": "C1", "source": "org/hub-only"},
+    ]))
+
+    assert result["datasets"][0] == {"dataset": "A1", "records": 70_400, "tokens": 211_200_000, "basis": "estimate"}
+    assert result["datasets"][1] == {"dataset": "B5", "records": 400, "tokens": 1_600_000, "basis": "estimate"}
+    assert result["datasets"][2]["basis"] == "unknown" and result["unknown"] == ["C1"]
+    assert result["tokens"] == 212_800_000
+
+
+@pytest.mark.parametrize("text, expected", [("500G", 500 * 2**30), ("1.5T", int(1.5 * 2**40)), ("800GiB", 800 * 2**30),
+                                            (12345, 12345), (None, None)])
+def test_disk_budgets_read_as_bytes_or_sizes(text, expected) -> None:
+    assert planning.parse_size(text) == expected
+
+
+def test_a_budget_that_is_not_a_size_is_one_line() -> None:
+    with pytest.raises(planning.PlanError, match=r"disk_budget 'lots': expected bytes or a size such as 500G"):
+        planning.parse_size("lots")
+
+
+@pytest.mark.e2e
+def test_inv_plan_and_inv_run_s_refusal_through_the_real_tasks(tmp_path: Path) -> None:
+    from remote.tiny_tokenizer import build_tokenizer
+
+    bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local")
+    tokenizer = tmp_path / "tokenizer"
+    build_tokenizer(tokenizer)
+    target = {"model": str(kimi_config(tmp_path / "kimi")), "tokenizer": str(tokenizer)}
+    datasets = {"A1": {"source": "nebius/DeepSWE-Kimi-trajectories", "kind": "native", "rows": 88_000,
+                       "sample": str(SAMPLES["native"])}}
+    bench.inventory(datasets, {"extract": {"disk_budget": "100G", "route": "offline"}}, target=target)
+    bench.inv("deploy")
+
+    done = bench.inv("plan", "--json")
+    result = json.loads(done.stdout)
+    assert set(result) >= {"datasets", "tokens", "bytes_per_token", "offline_bytes", "free_bytes", "disk_budget", "route", "chunks"}
+    assert result["datasets"][0]["records"] == 88_000 and result["datasets"][0]["basis"] == "estimate"
+    assert result["bytes_per_token"] == KIMI_BYTES_PER_TOKEN and result["disk_budget"] == 100 * 2**30
+    assert result["route"] == "chunked"  # 88,000 short chats: ~0.6 TB at 57 KB a token
+
+    refused = bench.inv("run", check=False)
+    assert refused.returncode == 2
+    line = refused.stderr.strip()
+    assert len(line.splitlines()) == 1 and "route offline does not fit" in line and "100.0 GiB" in line and "chunked" in line
+    assert not (bench.root / "jobs" / "pipeline").exists()  # nothing started
