@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from local import jobs
+from local import jobs, routes
 
 if TYPE_CHECKING:
     from local.inventory import Inventory
@@ -50,7 +50,7 @@ def plan(inventory: Inventory, datasets: list[str] | None) -> list[dict[str, Any
     train = jobs.placed(inventory, jobs.spec(inventory, names[0], "train")) | {"dataset": DRAFT, "source": "", "kind": "native"}
     train["config"]["inputs"] = [f"{inventory.host.root}/data/{name}/extract" for name in names]
     nodes.append(node(train, [f"{name}/extract" for name in names]))
-    return nodes
+    return routes.apply(inventory, nodes)
 
 
 def server_settings(inventory: Inventory) -> dict[str, Any]:

@@ -130,7 +130,9 @@ def capture(decoder, batch: Sequence[Sequence[int]], layers: list[int], device: 
     # NOTE: with device_map="auto" the layers sit on different GPUs: gather on the last one's.
     final = kept["final"]
     aux = torch.cat([kept[i].to(final.device) for i in layers], dim=-1)
-    return [(aux[row, :n].cpu(), final[row, :n].cpu()) for row, n in enumerate(lengths)]
+    # NOTE: copied, not viewed: on the CPU a slice shares the whole batch's storage, and
+    # torch.save writes the storage -- every record's file would hold the batch's states.
+    return [(aux[row, :n].to("cpu", copy=True), final[row, :n].to("cpu", copy=True)) for row, n in enumerate(lengths)]
 
 
 def sample(record: Record, aux, final) -> dict[str, Any]:

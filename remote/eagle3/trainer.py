@@ -117,6 +117,7 @@ def train(
     state: TrainState | None = None,
     on_checkpoint: Callable[[TrainState], None] | None = None,
     checkpoint_every: int = 0,
+    schedule_steps: int = 0,
 ) -> TrainState:
     """Train `draft` in place; `samples` are loaded lazily with `load` (records may not fit in memory).
 
@@ -124,11 +125,12 @@ def train(
     optimizer and schedule as they were, the epoch and batch position skipped
     to (or, for a state over other data, only the optimizer and the step
     count). `on_checkpoint` gets the state every `checkpoint_every` steps and
-    at the end of every epoch; the final state is returned.
+    at the end of every epoch; the final state is returned. `schedule_steps`
+    sizes the cosine schedule when this call is one part of a longer run (a chunk).
     """
     device, dtype = head.device, draft.fc.weight.dtype
     optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=learning_rate)
-    total_steps = epochs * math.ceil(len(samples) / batch_size)
+    total_steps = schedule_steps or epochs * math.ceil(len(samples) / batch_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 0.5 * (1 + math.cos(math.pi * i / max(total_steps, 1))))
     state = state or TrainState()
     if state.optimizer:

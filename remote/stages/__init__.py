@@ -48,6 +48,8 @@ DEFAULT_COMMANDS = {
     "tokenize": "{python} -m remote.stages.prep",
     # `inv eval`: the draft measured on SGLang, with and without speculation (job draft/eval).
     "eval": "{python} -m remote.stages.eval",
+    # The chunked route: extract a chunk, train on it, delete it, for every chunk (remote.chunked).
+    "chunked": "{python} -m remote.chunked",
     # `inv run`'s pipeline runner, itself a supervised job (remote.pipeline).
     "run": "{python} -m remote.pipeline",
 }

@@ -16,6 +16,8 @@ Settings (``stages.train``):
   acceptance length of an ``eval_steps``-long chain with top-k 1.
 - ``checkpoint_every``: optimizer steps between resume checkpoints (one is
   also written at the end of every epoch).
+- ``schedule_steps`` (not a user setting: `remote.chunked` sets it): the
+  learning-rate schedule's length when this run is one chunk of a longer one.
 
 Resuming: ``$AERIE_OUTPUT/resume/state.pt`` (`remote.eagle3.resume`) holds
 the draft, the optimizer and schedule, and the epoch, batch position and step.
@@ -190,6 +192,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         state=state,
         on_checkpoint=on_checkpoint,
         checkpoint_every=int(need(settings, "train", "checkpoint_every", StageInputError)),
+        # NOTE: read with .get: only the chunked route's driver sends it, never the inventory.
+        schedule_steps=int(settings.get("schedule_steps") or 0),
     )
     evaluation.draw()
     if not history:  # resumed after the last step: the saved draft is the result
@@ -225,7 +229,9 @@ def _resume_state(ctx: StageContext, draft, files: list[Path], settings: dict[st
         return resume.TrainState(data=data)
     if saved.data != data:
         progress.note(f"continuing the draft from step {saved.step} on new data")
-        return resume.TrainState(step=saved.step, optimizer=saved.optimizer, data=data)
+        # NOTE: one schedule over all chunks when the chunked route sized it (schedule_steps).
+        schedule = saved.schedule if settings.get("schedule_steps") else {}
+        return resume.TrainState(step=saved.step, optimizer=saved.optimizer, schedule=schedule, data=data)
     progress.note(f"resuming at epoch {saved.epoch + 1}, batch {saved.position}, step {saved.step}")
     done = len(files) if saved.epoch > 0 else min(len(files), saved.position * int(settings.get("batch_size", 1)))
     if done:

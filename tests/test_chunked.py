@@ -1,0 +1,170 @@
+"""The chunked route: states for a chunk at a time within the disk budget, one draft trained over all, resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from remote import chunked
+from remote.eagle3 import StageInputError
+from tests.pipeline_fixtures import REPO, TINY_LAYERS, make_records, stage_env, tiny_target, vocab_size, write_prep
+
+__all__ = ["tiny_target"]  # fixtures used below
+
+EXTRACT = {"layers": TINY_LAYERS, "dtype": "float32", "batch_size": 4, "shard_size": 4}
+TRAIN = {"draft_vocab_size": 200, "epochs": 2, "batch_size": 2, "learning_rate": 3e-3, "ttt_steps": 2, "checkpoint_every": 1}
+
+
+def test_chunks_are_cut_in_order_within_the_budget_and_a_record_too_big_is_refused() -> None:
+    assert chunked.cut([4, 4, 3, 5, 1], 8) == [(0, 2), (2, 4), (4, 5)]
+    with pytest.raises(StageInputError, match="record 1 alone needs 9 B on disk, more than stages.extract.disk_budget 8 B"):
+        chunked.cut([4, 9], 8)
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes allocated under `path` (what `du` counts), files and directories."""
+    total = 0
+    for directory, _, files in os.walk(path):
+        for name in [".", *files]:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_blocks * 512
+            except FileNotFoundError:  # deleted while we looked
+                pass
+    return total
+
+
+class DiskWatch:
+    """The most disk `path` ever used while the watch ran, sampled every 20 ms."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.peak, self._stop = path, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, disk_usage(self.path))
+            time.sleep(0.02)
+
+    def __enter__(self) -> "DiskWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def launch(env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "remote.chunked"], cwd=REPO, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def chunked_env(root: Path, target: Path, budget: int, extract: dict, train: dict, datasets: list[str]) -> dict[str, str]:
+    env = stage_env(root, "chunked", {"disk_budget": budget, "extract": extract, "train": train},
+                    {"target": {"model": str(target)}}, dataset="draft")
+    prep = {name: str(root / "data" / name / "prep") for name in datasets}
+    env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "prep_inputs": prep})
+    return env
+
+
+def test_any_extract_and_train_command_runs_chunk_by_chunk_for_every_epoch_within_the_budget_and_resumes(
+    tmp_path: Path
+) -> None:
+    # Stand-in commands (tests/stages/chunk_standin.py) write states of the real size, fast.
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 4, "vocab_size": 785}))
+    root = tmp_path / "root"
+    records = {"A1": make_records(9, 785, seed=1), "B2": make_records(6, 785, seed=2)}
+    for name, rows in records.items():
+        write_prep(root / "data" / name, rows)
+    per_token = (len(TINY_LAYERS) + 1) * 64 * 4
+    sizes = [chunked.record_size(len(r["input_ids"]), per_token) for rows in records.values() for r in rows]
+    budget = chunked.reserved(2) + sum(sizes) // 3 + max(sizes)  # three chunks
+    standin = f"{{python}} {REPO / 'tests' / 'stages' / 'chunk_standin.py'}"
+    log = tmp_path / "trained.jsonl"
+    env = chunked_env(root, target, budget, {**EXTRACT, "command": f"{standin} extract {per_token}"},
+                      {**TRAIN, "command": f"{standin} train {log}"}, list(records))
+    out = Path(env["AERIE_OUTPUT"])
+
+    with DiskWatch(out) as watch:
+        first = launch({**env, "STANDIN_SLEEP": "0.3"})
+        wait_for_state(out, {"epoch": 1, "chunk": 1, "phase": "extract"}, first)
+        os.killpg(first.pid, signal.SIGTERM)  # what `inv stop` sends the job's process group
+        first.wait()
+        second = launch(env)
+        log_text, _ = second.communicate(timeout=120)
+
+    assert second.returncode == 0, log_text
+    chunks = json.loads((out / "chunks.json").read_text())["chunks"]
+    trained = [json.loads(line) for line in log.read_text().splitlines()]
+    # 3 chunks x 2 epochs, each chunk trained once per epoch (the run stopped between two of them)
+    assert len(chunks) == 3 and len(trained) == 6
+    counts = [sum(t["inputs"].values()) for t in trained]
+    assert counts[:3] == counts[3:] and sum(counts[:3]) == 15
+    assert len({t["schedule_steps"] for t in trained}) == 1  # one schedule over the whole run
+    assert 0 < watch.peak <= budget, f"peak {watch.peak} over budget {budget}"
+    assert not list(out.glob("chunk-*"))
+    assert json.loads(Path(env["AERIE_PROGRESS"]).read_text())["metrics"] == {"epoch": 2, "chunk": 3, "chunks": 3}
+
+
+def wait_for_state(out: Path, state: dict, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while json.loads((out / "state.json").read_text() if (out / "state.json").exists() else "{}") != state:
+        assert process.poll() is None and time.monotonic() < deadline, process.stdout.read() if process.stdout else ""
+        time.sleep(0.02)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_a_budget_smaller_than_the_states_trains_by_chunks_never_exceeds_it_and_resumes_after_a_kill(
+    tmp_path: Path, tiny_target: Path
+) -> None:
+    root = tmp_path / "root"
+    vocab = vocab_size(tiny_target)
+    a1, b2 = make_records(7, vocab, seed=1), make_records(5, vocab, seed=2)
+    write_prep(root / "data" / "A1", a1)
+    write_prep(root / "data" / "B2", b2)
+    per_token = (len(TINY_LAYERS) + 1) * 64 * 4
+    sizes = [chunked.record_size(len(r["input_ids"]), per_token) for r in a1 + b2]
+    budget = chunked.reserved(2) + sum(sizes) // 2 + max(sizes)  # two chunks: about half the states at a time
+    assert budget < sum(sizes) + chunked.reserved(2)  # the states of all records would not fit
+    # One epoch keeps it to five runs of the real stages (extract and train per chunk, and the resumed train).
+    env = chunked_env(root, tiny_target, budget, EXTRACT, {**TRAIN, "epochs": 1}, ["A1", "B2"])
+    out = Path(env["AERIE_OUTPUT"])
+
+    with DiskWatch(out) as watch:
+        first = launch(env)
+        # Killed (SIGKILL, as the OOM killer or a reboot would) while training on the first chunk.
+        wait_for_state(out, {"epoch": 0, "chunk": 0, "phase": "train"}, first, timeout=600)
+        while not (root / "data" / "draft" / "train" / "resume" / "state.pt").exists():  # a step or more taken
+            assert first.poll() is None
+            time.sleep(0.02)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+        second = launch(env)
+        log, _ = second.communicate(timeout=600)
+
+    assert second.returncode == 0, log
+    chunks = json.loads((out / "chunks.json").read_text())["chunks"]
+    assert len(chunks) == 2 and sum(p["end"] - p["start"] for c in chunks for p in c) == 12
+    assert 0 < watch.peak <= budget, f"peak {watch.peak} over budget {budget}"
+    assert not list(out.glob("chunk-*"))  # every chunk deleted
+    progress = json.loads(Path(env["AERIE_PROGRESS"]).read_text())
+    assert progress["records"] == 12 and progress["metrics"] == {"epoch": 1, "chunk": 2, "chunks": 2}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["route"] == "chunked" and manifest["chunks"] == 2 and manifest["epochs"] == 1
+    # One draft over every chunk and epoch: every step of the run is in its history, in order, none twice.
+    train = root / "data" / "draft" / "train"
+    history = json.loads((train / "history.json").read_text())
+    steps = sum(-(-sum(p["end"] - p["start"] for p in c) // 2) for c in chunks)
+    assert [h["step"] for h in history] == list(range(1, steps + 1))
+    assert (train / "draft" / "config.json").is_file() and (train / "draft" / "model.safetensors").is_file()
