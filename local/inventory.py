@@ -136,6 +136,7 @@ class Train(Stage):
     eval_records: int | None = Field(None, ge=0, description="records held out of training (0: none); default: eval_fraction")
     eval_fraction: float = Field(0.05, ge=0, lt=1, description="share of records held out when eval_records is unset")
     eval_steps: int = Field(3, ge=1, description="draft steps of the held-out acceptance length (top-k 1)")
+    checkpoint_every: int = Field(200, ge=1, description="optimizer steps between resume checkpoints")
 
 
 class GridPoint(Strict):

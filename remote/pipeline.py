@@ -70,8 +70,11 @@ class Runner:
     def schedule(self, pending: list[dict[str, Any]], active: list[dict[str, Any]], states: dict[str, JobState | None]) -> None:
         gpu_busy = any(n["gpu"] for n in active)
         settled = set(self.started)  # jobs started this tick have no state yet
+        launched: set[str] = set()
         for node in pending:
-            unmet = [k for k in node["needs"] if states.get(k) != JobState.SUCCEEDED]
+            # NOTE: a need started this tick may still show its last run's `succeeded` (a fresh
+            # `inv run` over an old root): it is not met until it succeeds again.
+            unmet = [k for k in node["needs"] if states.get(k) != JobState.SUCCEEDED or k in launched]
             blocked = [k for k in unmet if k in settled and states.get(k) not in (*ACTIVE, JobState.WAITING)]
             if blocked:
                 self.wait(node, unmet, f"blocked: {', '.join(blocked)} did not succeed", blocked)
@@ -84,6 +87,7 @@ class Runner:
                     self.prepare_gpu(node)
                     gpu_busy = True
                 self.start(node)
+                launched.add(node["key"])
                 active.append(node)
 
     def wait(self, node: dict[str, Any], waiting_for: list[str], message: str, blocked_by: list[str] | None = None) -> None:

@@ -168,3 +168,55 @@ def test_a_budget_smaller_than_the_states_trains_by_chunks_never_exceeds_it_and_
     steps = sum(-(-sum(p["end"] - p["start"] for p in c) // 2) for c in chunks)
     assert [h["step"] for h in history] == list(range(1, steps + 1))
     assert (train / "draft" / "config.json").is_file() and (train / "draft" / "model.safetensors").is_file()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_inv_run_takes_the_chunked_route_shows_chunk_k_of_n_and_resumes_after_inv_stop(tmp_path: Path) -> None:
+    from remote.tiny_tokenizer import build_tokenizer
+    from tests.harness import SAMPLES, Bench, copy_checkout, wait_for
+
+    bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local")
+    tokenizer = tmp_path / "tokenizer"
+    build_tokenizer(tokenizer)
+    target = tmp_path / "target"  # the stand-ins never load weights; plan and chunks read the config
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 4, "vocab_size": 785}))
+    per_token = (len(TINY_LAYERS) + 1) * 64 * 4
+    standin = f"{REPO / 'tests' / 'stages' / 'chunk_standin.py'}"
+    budget = 350 * 1024  # 3 short chats' states (~430 KiB with framing) do not fit; one 256-token record does
+    stages = {"prep": {"max_length": 256},
+              "extract": {**EXTRACT, "disk_budget": budget, "command": f"STANDIN_SLEEP=0.5 {{python}} {standin} extract {per_token}"},
+              "train": {**TRAIN, "command": f"STANDIN_SLEEP=0.5 {{python}} {standin} train {tmp_path / 'trained.jsonl'}"}}
+    bench.inventory({"chat": {"source": str(SAMPLES["native"]), "kind": "native"}}, stages,
+                    target={"tokenizer": str(tokenizer), "model": str(target)})
+    bench.inv("deploy")
+    assert json.loads(bench.inv("plan", "--json").stdout)["route"] == "chunked"
+    out = bench.root / "data" / "draft" / "chunked"
+    seen: set[str] = set()
+
+    def at(state: dict) -> bool:
+        job = bench.poll().get("draft/chunked", {})
+        if "chunk" in job.get("message", ""):
+            seen.add(job["message"])
+        return json.loads((out / "state.json").read_text() if (out / "state.json").exists() else "{}") == state
+
+    with DiskWatch(out) as watch:
+        bench.inv("run")
+        wait_for(lambda: at({"epoch": 0, "chunk": 1, "phase": "train"}), 240, "chunk 2's training")
+        bench.inv("stop", "-d", "draft")
+        bench.wait_state("pipeline/run", {"succeeded", "failed", "stopped"}, timeout=60)
+        bench.inv("run")  # a fresh run: prep again (same records), then the chunked job goes on where it stopped
+        wait_for(lambda: at({"epoch": 2, "chunk": 0, "phase": "extract"}) or bench.poll()["pipeline/run"]["state"] != "running",
+                 240, "the run to end")
+        final = bench.wait_state("pipeline/run", {"succeeded", "failed"}, timeout=60)
+
+    assert final["state"] == "succeeded", bench.inv("logs", "draft", "--stage", "chunked", check=False).stdout
+    assert 0 < watch.peak <= budget
+    chunks = json.loads((out / "chunks.json").read_text())["chunks"]
+    assert any(f"chunk 2 of {len(chunks)}" in message for message in seen), seen
+    trained = [json.loads(line) for line in (tmp_path / "trained.jsonl").read_text().splitlines()]
+    # Every chunk trained once per epoch: the stop cut chunk 2's training before it finished, and the
+    # second run trained it from its resume point, not the whole run over.
+    assert len(trained) == 2 * len(chunks) and len(chunks) >= 2
+    assert [sum(t["inputs"].values()) for t in trained] == [c[0]["end"] - c[0]["start"] for c in chunks] * 2
