@@ -137,6 +137,8 @@ class Train(Stage):
     eval_fraction: float = Field(0.05, ge=0, lt=1, description="share of records held out when eval_records is unset")
     eval_steps: int = Field(3, ge=1, description="draft steps of the held-out acceptance length (top-k 1)")
     checkpoint_every: int = Field(200, ge=1, description="optimizer steps between resume checkpoints")
+    specforge_server_urls: list[str] = Field(default_factory=list, description="online SpecForge: the SGLang capture servers")
+    specforge_deployment: dict[str, Any] = Field(default_factory=dict, description="merged into SpecForge's `deployment:`")
 
 
 class GridPoint(Strict):

@@ -28,7 +28,10 @@ def apply(inventory: Inventory, nodes: list[dict[str, Any]]) -> list[dict[str, A
     needs = [need for n in extracts for need in n["needs"]]  # each dataset's prep or tokenize
     preps = {n["spec"]["dataset"]: n["spec"]["config"]["inputs"][0] for n in extracts}
     if route == "online":
-        train["spec"]["config"]["prep_inputs"] = preps
+        config = train["spec"]["config"]
+        config["prep_inputs"] = preps
+        config.pop("inputs", None)
+        config["stage"]["layers"] = inventory.stages.extract.layers  # what SGLang captures for the draft
         return kept + [{**train, "needs": needs}]
     spec = jobs.placed(inventory, jobs.spec(inventory, next(iter(inventory.datasets)), "extract")) | {
         "dataset": DRAFT, "stage": "chunked", "command": None, "source": "", "kind": "native"}

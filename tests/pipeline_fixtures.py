@@ -104,7 +104,7 @@ def stage_env(root: Path, stage: str, stage_config: dict[str, Any], shared: dict
     return env
 
 
-def run_stage(stage: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+def run_stage(stage: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
     """Run ``python -m remote.stages.<stage>`` the way the supervisor does (from the release directory)."""
     return subprocess.run(
         [sys.executable, "-m", f"remote.stages.{stage}"],

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from remote.eagle3 import StageInputError, checkpoint, specforge
+from remote.eagle3 import StageInputError, checkpoint
 from remote.eagle3.model import Eagle3Draft
 from remote.eagle3.shards import ShardStore, load_sample
 from remote.eagle3.target import read_embed_and_head, read_shape
@@ -184,34 +184,6 @@ def test_train_refuses_when_extract_has_not_succeeded(tmp_path: Path, tiny_targe
 
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "extract has not succeeded" in result.stderr.strip()
-
-
-def test_the_specforge_engine_builds_specforge_s_offline_training_command(tmp_path: Path) -> None:
-    job = specforge.SpecForgeRun(
-        specforge_dir=Path("/opt/SpecForge"), target_model=Path("/m/kimi"), draft_config=Path("/c/kimi-k25-eagle3.json"),
-        train_data=Path("/d/a1.jsonl"), hidden_states=Path("/r/data/A1/extract"), output=Path("/r/data/A1/train"),
-        epochs=2, batch_size=1, learning_rate=1e-4, max_length=4096, chat_template="kimi_k2", ttt_steps=7, nproc=8,
-    )  # fmt: skip
-
-    argv = specforge.command(job)
-
-    assert argv[:5] == ["torchrun", "--standalone", "--nproc_per_node", "8", "/opt/SpecForge/scripts/train_eagle3.py"]
-    pairs = dict(zip(argv[5::2], argv[6::2]))
-    assert pairs["--train-hidden-states-path"] == "/r/data/A1/extract"
-    assert pairs["--draft-model-config"] == "/c/kimi-k25-eagle3.json"
-    assert pairs["--ttt-length"] == "7" and pairs["--num-epochs"] == "2" and pairs["--chat-template"] == "kimi_k2"
-
-
-def test_the_specforge_engine_says_how_to_install_specforge_when_it_is_missing(extracted: dict, tiny_target: Path, tmp_path: Path) -> None:
-    draft = tmp_path / "draft.json"
-    draft.write_text(json.dumps({"hidden_size": 64}))
-    (tmp_path / "a.jsonl").write_text("{}\n")
-    settings = {"engine": "specforge", "specforge_dir": str(tmp_path / "nowhere"), "draft_config": str(draft), "specforge_train_data": str(tmp_path / "a.jsonl")}
-    env = stage_env(extracted["root"], "train", settings, {"target": {"model": str(tiny_target)}}, dataset="A1")
-    env["AERIE_OUTPUT"] = str(tmp_path / "out")
-
-    with pytest.raises(StageInputError, match="SpecForge is not installed: no scripts/train_eagle3.py under .*nowhere"):
-        train_stage.run(context(env), Progress())
 
 
 def _crash_after(monkeypatch: pytest.MonkeyPatch, calls: int) -> None:

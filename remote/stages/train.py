@@ -38,6 +38,8 @@ it (loss, held-out accuracy and acceptance length per epoch), and
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -102,6 +104,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     engine = need(settings, "train", "engine", StageInputError)
     if engine not in ENGINES:
         raise StageInputError(f"stages.train.engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    if engine == "specforge" and ctx.config.get("prep_inputs") and not ctx.config.get("inputs"):
+        return run_specforge(ctx, None, progress)  # the online route: no states on disk
     extract_dirs = ctx.inputs("extract")
     extracted = read_extract_manifests(extract_dirs)
     if engine == "specforge":
@@ -245,19 +249,31 @@ def _previous_history(ctx: StageContext, step: int) -> list[dict[str, Any]]:
     return [h for h in steps if h["step"] <= step]
 
 
-def run_specforge(ctx: StageContext, extracted: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """Hand the extracted states to SpecForge's trainer and wait for it."""
+def run_specforge(ctx: StageContext, extracted: dict[str, Any] | None, progress: Progress) -> dict[str, Any]:
+    """Train with the host's SpecForge (offline from extract's states, or online when `extracted` is
+    None), then export a draft SGLang loads to ``$AERIE_OUTPUT/draft``."""
     settings = ctx.stage_config
     extra = specforge.settings(settings)
-    path, _ = target_settings(ctx.shared_config)
+    generation, prefix = specforge.detect(extra["specforge_dir"])
+    path, trust = target_settings(ctx.shared_config)
+    shape = read_shape(path)
+    layers = list(extracted["layers"]) if extracted else list(settings.get("layers") or [])
+    if not layers:
+        raise StageInputError("engine specforge online: no layers to capture (stages.extract.layers)")
     draft_path = drafts.draft_config_path(settings, ctx.shared_config)
-    drafts.check_width(list(extracted["layers"]), int(extracted["hidden_size"]), drafts.load(draft_path), f"draft config {draft_path}")
+    draft = drafts.load(draft_path)
+    drafts.check_width(layers, shape.hidden_size, draft, f"draft config {draft_path}")
+    ctx.output.mkdir(parents=True, exist_ok=True)
+    # NOTE: the draft SpecForge trains names the captured layers, so its export does too.
+    finalized = ctx.output / "draft-config.json"
+    write_json_atomic(finalized, drafts.finalize(draft, layers, shape.vocab_size,
+                                                 min(int(need(settings, "train", "draft_vocab_size", StageInputError)), shape.vocab_size)))
     job = specforge.SpecForgeRun(
         specforge_dir=extra["specforge_dir"],
         target_model=path,
-        draft_config=draft_path,
-        train_data=_conversations(ctx),
-        hidden_states=ctx.inputs("extract")[0],
+        draft_config=finalized,
+        train_data=_conversations(ctx) if (generation == "legacy" or extracted is None) else None,
+        hidden_states=_states_dir(ctx) if extracted else None,
         output=ctx.output,
         epochs=int(need(settings, "train", "epochs", StageInputError)),
         batch_size=int(need(settings, "train", "batch_size", StageInputError)),
@@ -266,23 +282,99 @@ def run_specforge(ctx: StageContext, extracted: dict[str, Any], progress: Progre
         chat_template=extra["chat_template"],
         ttt_steps=int(need(settings, "train", "ttt_steps", StageInputError)),
         nproc=extra["nproc"],
+        layers=layers,
+        embedding_key=weight_name(path, "embed_tokens.weight") or "model.embed_tokens.weight",
+        lm_head_key=weight_name(path, "lm_head.weight") or "lm_head.weight",
+        trust_remote_code=trust,
+        server_urls=list(need(settings, "train", "specforge_server_urls", StageInputError)),
+        deployment=dict(need(settings, "train", "specforge_deployment", StageInputError)),
     )
-    specforge.check_installed(job)
-    argv = specforge.command(job)
-    progress.note("running SpecForge: " + " ".join(argv[:5]) + " ...")
-    code = subprocess.call(argv)
-    if code != 0:
-        raise SystemExit(f"train: SpecForge's trainer exited with {code}; see the log above")
-    progress.written(int(extracted.get("records", 0)))
-    manifest = {"release": ctx.release, "engine": "specforge", "command": argv, "output": str(ctx.output)}
+    env = specforge.environment(extra["specforge_dir"])
+    if generation == "current":
+        specforge.write_config(job)
+    argv = specforge.command(job, generation, prefix)
+    mode = "online" if job.is_online else "offline"
+    progress.note(f"running SpecForge ({generation} CLI, {mode}): " + " ".join(argv[:6]) + " ...")
+    _call(argv, env, "trainer", progress)
+    latest = specforge.latest_checkpoint(generation, job)
+    if latest is None:
+        raise StageInputError(f"SpecForge finished but wrote no checkpoint under {job.runs}")
+    out, tmp = ctx.output / "draft", ctx.output / f".draft.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    if generation == "current":
+        progress.note(f"exporting {latest.name} to SGLang's layout")
+        _call(specforge.export_command(prefix, job, latest, tmp), env, "export", progress)
+    else:  # the legacy trainer saves SGLang's layout itself
+        shutil.copytree(latest, tmp, ignore=shutil.ignore_patterns("training_state*.pt"))
+    config = specforge.finish_draft(tmp, layers)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    progress.written(int((extracted or {}).get("records", 0)) or _count_lines(job.train_data))
+    manifest = {"release": ctx.release, "engine": "specforge", "specforge": generation, "mode": mode, "command": argv,
+                "checkpoint": str(latest), "draft": str(out), "layers": layers,
+                "eagle_aux_hidden_state_layer_ids": config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]}
     write_json_atomic(ctx.output / "manifest.json", manifest)
     return manifest
 
 
+def _call(argv: list[str], env: dict[str, str], what: str, progress: Progress) -> None:
+    process = subprocess.Popen(argv, env=env)
+    while process.poll() is None:
+        progress.beat()
+        time.sleep(1.0)
+    if process.returncode != 0:
+        raise SystemExit(f"train: SpecForge's {what} exited with {process.returncode}; see the log above")
+
+
+def _states_dir(ctx: StageContext) -> Path:
+    """One directory of every dataset's states: SpecForge reads one `hidden_states_path`."""
+    dirs = ctx.inputs("extract")
+    if len(dirs) == 1:
+        return dirs[0]
+    joined = ctx.output / "states"
+    shutil.rmtree(joined, ignore_errors=True)
+    joined.mkdir(parents=True)
+    for directory in dirs:
+        for shard in ShardStore(directory).complete_shards():
+            # NOTE: links per shard, named by dataset, so that SpecForge's sorted walk keeps each dataset's order.
+            os.symlink(ShardStore(directory).shard_dir(shard), joined / f"{directory.parent.name}-{shard:05d}")
+    return joined
+
+
+def weight_name(path: Path, suffix: str) -> str | None:
+    """The target's full tensor name ending in `suffix` (Kimi-K2.5: ``language_model.model.embed_tokens.weight``)."""
+    from remote.eagle3.target import _weight_files
+
+    try:
+        names = [n for names in _weight_files(path).values() for n in names]
+    except StageInputError:
+        return None
+    return next((n for n in names if n.endswith(suffix) and "vision" not in n), None)
+
+
+def _count_lines(path: Path | None) -> int:
+    if path is None or not path.is_file():
+        return 0
+    with path.open("rb") as handle:
+        return sum(1 for line in handle if line.strip())
+
+
 def _conversations(ctx: StageContext) -> Path:
-    """The conversations SpecForge reads: the setting, else prep's conversations.jsonl."""
+    """The conversations SpecForge reads: the setting, else prep's conversations.jsonl (every
+    dataset's, joined, when the pipeline passes several)."""
     given = ctx.stage_config.get("specforge_train_data")
-    path = Path(given).expanduser() if given else ctx.upstream("prep") / "conversations.jsonl"
+    preps = [Path(p) for p in (ctx.config.get("prep_inputs") or {}).values()]
+    if given:
+        path = Path(given).expanduser()
+    elif len(preps) > 1:
+        path = ctx.output / "conversations.jsonl"
+        ctx.output.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as out:
+            for prep in preps:
+                with (prep / "conversations.jsonl").open("rb") as source:
+                    shutil.copyfileobj(source, out)
+    else:
+        path = (preps[0] if preps else ctx.upstream("prep")) / "conversations.jsonl"
     if not path.is_file():
         raise StageInputError(f"engine specforge: no conversations at {path}; set stages.train.specforge_train_data to a JSONL file")
     return path
