@@ -134,3 +134,36 @@ def test_inv_plan_and_inv_run_s_refusal_through_the_real_tasks(tmp_path: Path) -
     line = refused.stderr.strip()
     assert len(line.splitlines()) == 1 and "route offline does not fit" in line and "100.0 GiB" in line and "chunked" in line
     assert not (bench.root / "jobs" / "pipeline").exists()  # nothing started
+
+
+def pipeline_for(route: str, engine: str = "aerie") -> list[dict]:
+    from local import pipeline
+    from local.inventory import Inventory
+
+    inventory = Inventory.model_validate({
+        "backend": "local", "host": {"root": "/r"},
+        "stages": {"extract": {"route": route, "disk_budget": "1T", "layers": [2, 30, 58]}, "train": {"engine": engine}},
+        "datasets": {"A1": {"source": "a", "kind": "native"}, "B5": {"source": "b", "kind": "prompts"}},
+    })
+    return pipeline.plan(inventory, None)
+
+
+def test_the_chunked_route_replaces_the_extracts_and_the_train_with_one_job_after_every_prep() -> None:
+    nodes = {n["key"]: n for n in pipeline_for("chunked")}
+
+    assert set(nodes) == {"A1/prep", "B5/prep", "B5/infer", "B5/tokenize", "draft/chunked"}
+    chunked = nodes["draft/chunked"]
+    assert chunked["needs"] == ["A1/prep", "B5/tokenize"] and chunked["gpu"]
+    assert chunked["spec"]["config"]["prep_inputs"] == {"A1": "/r/data/A1/prep", "B5": "/r/data/B5/tokenize"}
+    assert chunked["spec"]["config"]["stage"]["disk_budget"] == "1T"
+    assert chunked["spec"]["config"]["stage"]["extract"]["layers"] == [2, 30, 58]
+
+
+def test_the_online_route_trains_from_the_conversations_with_no_extract() -> None:
+    nodes = {n["key"]: n for n in pipeline_for("online", "specforge")}
+
+    assert set(nodes) == {"A1/prep", "B5/prep", "B5/infer", "B5/tokenize", "draft/train"}
+    config = nodes["draft/train"]["spec"]["config"]
+    assert nodes["draft/train"]["needs"] == ["A1/prep", "B5/tokenize"] and "inputs" not in config
+    assert config["stage"]["layers"] == [2, 30, 58] and set(config["prep_inputs"]) == {"A1", "B5"}
+    assert {n["key"] for n in pipeline_for("offline")} >= {"A1/extract", "B5/extract", "draft/train"}
