@@ -131,3 +131,30 @@ def test_a_host_without_specforge_is_told_how_to_install_it(host: dict, extracte
     with pytest.raises(StageInputError, match=r"SpecForge is not installed: no `specforge` on PATH; pip install SpecForge"):
         run_train(extracted["root"], tiny_target, "sf-none", {"draft_config": str(host["draft"])},
                   inputs=[extracted["env"]["AERIE_OUTPUT"]])
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_inv_run_on_the_online_route_trains_with_specforge_and_no_states_on_disk(host: dict, tmp_path: Path) -> None:
+    from remote import tiny_model, tiny_tokenizer
+    from tests.harness import SAMPLES, Bench, copy_checkout
+
+    target = tmp_path / "target"
+    tiny_tokenizer.build_tokenizer(target)
+    tiny_model.main([str(target), "--tokenizer", str(target)])
+    bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local")
+    stages = {"prep": {"max_length": 256}, "extract": {"route": "online", "layers": TINY_LAYERS},
+              "train": {"engine": "specforge", "draft_config": str(host["draft"]), "draft_vocab_size": 200,
+                        "specforge_server_urls": ["http://127.0.0.1:30000"]}}
+    bench.inventory({"chat": {"source": str(SAMPLES["native"]), "kind": "native"}}, stages,
+                    target={"tokenizer": str(target), "model": str(target)})
+    bench.inv("deploy")
+
+    bench.inv("run")
+    final = bench.wait_state("pipeline/run", {"succeeded", "failed"}, timeout=400)
+
+    assert final["state"] == "succeeded", bench.inv("logs", "draft", "--stage", "train", check=False).stdout
+    assert set(bench.poll()) == {"chat/prep", "draft/train", "pipeline/run"}  # no extract
+    (train,) = [c for c in calls(host) if c["cli"] == "train"]
+    assert train["mode"] == "online" and train["config"]["model"]["aux_hidden_state_layer_ids"] == TINY_LAYERS
+    assert_sglang_draft(bench.root / "data" / "draft" / "train", target)
