@@ -15,6 +15,7 @@ import pytest
 
 from remote import chunked
 from remote.eagle3 import StageInputError
+from tests.settings import complete
 from tests.pipeline_fixtures import REPO, TINY_LAYERS, make_records, stage_env, tiny_target, vocab_size, write_prep
 
 __all__ = ["tiny_target"]  # fixtures used below
@@ -68,7 +69,8 @@ def launch(env: dict[str, str]) -> subprocess.Popen:
 
 
 def chunked_env(root: Path, target: Path, budget: int, extract: dict, train: dict, datasets: list[str]) -> dict[str, str]:
-    env = stage_env(root, "chunked", {"disk_budget": budget, "extract": extract, "train": train},
+    settings = {"disk_budget": budget, "extract": complete("extract", extract), "train": complete("train", train)}
+    env = stage_env(root, "chunked", settings,
                     {"target": {"model": str(target)}}, dataset="draft")
     prep = {name: str(root / "data" / name / "prep") for name in datasets}
     env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "prep_inputs": prep})
