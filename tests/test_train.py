@@ -206,7 +206,7 @@ def test_a_train_run_stopped_mid_epoch_resumes_to_the_same_draft_as_an_unbroken_
 ) -> None:
     from safetensors.torch import load_file
 
-    settings = {**TRAIN_SETTINGS, "epochs": 2, "checkpoint_every": 3}
+    settings = {**TRAIN_SETTINGS, "epochs": 2, "checkpoint_every": 3, "eval_records": 0}  # all 10 records trained
     shared = {"target": {"model": str(tiny_target)}}
     unbroken = stage_env(extracted["root"], "train", settings, shared, dataset="unbroken")
     broken = stage_env(extracted["root"], "train", settings, shared, dataset="broken")
@@ -234,7 +234,7 @@ def test_a_train_run_stopped_mid_epoch_resumes_to_the_same_draft_as_an_unbroken_
 def test_a_finished_train_run_rerun_takes_no_step_and_keeps_its_draft(
     extracted: dict, tiny_target: Path
 ) -> None:
-    settings = {**TRAIN_SETTINGS, "epochs": 1}
+    settings = {**TRAIN_SETTINGS, "epochs": 1, "eval_records": 0}
     env = stage_env(extracted["root"], "train", settings, {"target": {"model": str(tiny_target)}}, dataset="again")
     env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [extracted["env"]["AERIE_OUTPUT"]]})
     first = train_stage.run(context(env), Progress())
