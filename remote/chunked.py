@@ -207,7 +207,9 @@ class Chunked:
             self.stage("extract", self.extract, data, [data / "prep"], part["dataset"])
 
     def train_chunk(self, directory: Path, chunk: list[dict[str, Any]], schedule: int) -> None:
-        settings = {**self.train, "epochs": 1, "schedule_steps": schedule}
+        # NOTE: no held-out evaluation per chunk: it would keep a share of every chunk's records
+        # out of training for good (each chunk is a different slice); the chunked route trains all.
+        settings = {**self.train, "epochs": 1, "schedule_steps": schedule, "eval_records": 0}
         inputs = [directory / part["dataset"] / "extract" for part in chunk]
         self.stage("train", settings, self.ctx.data, inputs, "draft")
 
