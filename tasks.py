@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from invoke import Collection, Context, Exit
 
-from local import control, evaluation, plan as planning, validate as validating
+from local import control, evaluation, validate as validating
 from local.cli import console, inventory_name, task
 from local.fleet import fleet
 from local.inventory_cache import load
@@ -102,6 +102,8 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
     """Start the whole pipeline (prep, infer, tokenize, extract, train) under a runner on each host."""
     with fleet(inventory_name(c, inventory)) as hosts:
         names = hosts.inventory.select(control.split(dataset)) if dataset else None
+        from local import plan as planning  # NOTE: here, so other tasks do not import it
+
         hosts.raise_failures(hosts.each(lambda host, out: planning.resolve(host), console()))  # a route that fits, or stop
         hosts.raise_failures(hosts.each(lambda host, out: control.run(host, out, names), console()))
         if follow and control.status_view.any_bad(control.follow(hosts.status, console(), hosts.title)):
@@ -112,6 +114,8 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
 def plan(c: Context, inventory: str | None = None, json: bool = False) -> None:
     """Tokens per dataset, the hidden states' size, the host's disk and the route that fits."""
     with fleet(inventory_name(c, inventory)) as hosts:
+        from local import plan as planning
+
         hosts.raise_failures(hosts.each(lambda host, out: planning.show(host, out, as_json=json), console()))
 
 

@@ -60,6 +60,8 @@ def show(host: RemoteHost, console: Console, as_json: bool = False) -> dict[str,
     if as_json:
         print(json.dumps(result, indent=2))
         return result
+    from rich.table import Table
+
     table = Table(title=f"plan for {host.name}:{host.root}", title_justify="left")
     for header, justify in (("dataset", "left"), ("records", "right"), ("tokens", "right"), ("from", "left")):
         table.add_column(header, justify=justify)  # type: ignore[arg-type]
@@ -94,10 +96,11 @@ def require(host: RemoteHost) -> dict[str, Any]:
 
 def resolve(host: RemoteHost) -> str | None:
     """`require`, then the route this run takes recorded in the host's settings (auto: the one that fits)."""
+    from local import routes
+
     result = require(host)
-    extract = host.inventory.stages.extract
-    if extract.route == "auto" and result["route"]:
-        extract.route = result["route"]
+    if host.inventory.stages.extract.route == "auto" and result["route"]:
+        routes.RESOLVED[host.root] = result["route"]
     return result["route"]
 
 

@@ -16,10 +16,13 @@ if TYPE_CHECKING:
     from local.inventory import Inventory
 
 DRAFT = "draft"
+#: The route `inv plan` resolved for `auto` this invocation, by host root (`local.plan.resolve`).
+#: NOTE: kept here rather than written into the inventory, whose cached records are read-only.
+RESOLVED: dict[str, str] = {}
 
 
 def apply(inventory: Inventory, nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    route = inventory.stages.extract.route
+    route = RESOLVED.get(inventory.host.root, inventory.stages.extract.route)
     if route in ("auto", "offline"):
         return nodes
     extracts = [n for n in nodes if n["spec"]["stage"] == "extract"]
