@@ -89,23 +89,32 @@ def once(bench: Bench, verb: Callable[[RemoteHost], object]) -> int:
 
 
 def run(repeat: int = 5) -> dict[str, Any]:
+    return on_loopback_sshd(measure, repeat)
+
+
+def on_loopback_sshd(measure: Callable[[Bench, Path, int], dict[str, Any]], repeat: int) -> dict[str, Any]:
+    """`measure` over a copy of this checkout deployed to a fresh loopback sshd, stopped afterwards."""
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         sshd = start_server(work / "sshd")
         try:
-            bench = Bench(copy_checkout(work / "checkout"), work / "root", "ssh", sshd)
-            return measure(bench, work, repeat)
+            return measure(Bench(copy_checkout(work / "checkout"), work / "root", "ssh", sshd), work, repeat)
         finally:
             sshd.stop()
+
+
+def grow_tree(checkout: Path) -> None:
+    """Pad `remote/` to TREE_FILES files, so deploys move a tree of a realistic size."""
+    (checkout / "remote" / "tree").mkdir(exist_ok=True)
+    for index in range(TREE_FILES - len(deploy.manifest(checkout))):
+        (checkout / "remote" / "tree" / f"m{index:03d}.py").write_text(f"# module {index}\n" + "X = 1\n" * 200)
 
 
 def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
     assert bench.sshd is not None
     bench.scripted({f"D{i:02d}": "records=3" for i in range(JOBS)})
     ssh_true = median_seconds(lambda: subprocess.run(bench.sshd.ssh_argv("true"), check=True), repeat)
-    for index in range(TREE_FILES - len(deploy.manifest(bench.checkout))):
-        (bench.checkout / "remote" / "tree" / f"m{index:03d}.py").parent.mkdir(exist_ok=True)
-        (bench.checkout / "remote" / "tree" / f"m{index:03d}.py").write_text(f"# module {index}\n" + "X = 1\n" * 200)
+    grow_tree(bench.checkout)
     files = deploy.manifest(bench.checkout)
 
     def deploy_once(host: RemoteHost) -> None:

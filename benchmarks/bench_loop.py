@@ -22,42 +22,19 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console
 
+from benchmarks.bench_control import grow_tree, median_seconds, on_loopback_sshd, paired
 from local import deploy, validate
 from local.host import RemoteHost
 from local.inventory import load
-from tests.harness import Bench, copy_checkout, wait_for
-from tests.sshd import start_server
+from tests.harness import Bench, wait_for
 
-TREE_FILES = 200
 FAILING = "F"  # a dataset whose job fails every time, so that each rerun relaunches one job
-
-
-def paired(a: Callable[[], object], b: Callable[[], object], repeat: int) -> dict[str, float]:
-    """Medians of A and B run in turn, and the median of the pairwise ratios A/B."""
-    times_a, times_b = [], []
-    for _ in range(repeat):
-        for action, times in ((a, times_a), (b, times_b)):
-            started = time.perf_counter()
-            action()
-            times.append(time.perf_counter() - started)
-    return {"seconds": statistics.median(times_a), "baseline_seconds": statistics.median(times_b),
-            "ratio": statistics.median(x / y for x, y in zip(times_a, times_b))}
-
-
-def median_seconds(action: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def inv_argv(*args: str) -> list[str]:
@@ -67,14 +44,7 @@ def inv_argv(*args: str) -> list[str]:
 
 
 def run(repeat: int = 5) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as scratch:
-        work = Path(scratch)
-        sshd = start_server(work / "sshd")
-        try:
-            bench = Bench(copy_checkout(work / "checkout"), work / "root", "ssh", sshd)
-            return measure(bench, work, repeat)
-        finally:
-            sshd.stop()
+    return on_loopback_sshd(measure, repeat)
 
 
 def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
@@ -82,9 +52,7 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
     sshd = bench.sshd
     datasets = {f"D{i:02d}": "records=1" for i in range(9)}
     bench.scripted({**datasets, FAILING: "records=1 exit=3"})
-    for index in range(TREE_FILES - len(deploy.manifest(bench.checkout))):
-        (bench.checkout / "remote" / "tree").mkdir(exist_ok=True)
-        (bench.checkout / "remote" / "tree" / f"m{index:03d}.py").write_text(f"# module {index}\n" + "X = 1\n" * 200)
+    grow_tree(bench.checkout)
     edited = bench.checkout / "remote" / "tree" / "m000.py"
 
     def edit() -> None:
