@@ -40,6 +40,7 @@ from remote.eagle3 import StageInputError
 from remote.eagle3.extractor import DTYPES
 from remote.progress import Progress, read_json, write_json_atomic
 from remote.stages import DEFAULT_COMMANDS, StageContext
+from remote.settings import need
 
 #: The copied ids (int32) and mask (int8) of a chunk's prep subset, per token, rounded up.
 PREP_BYTES_PER_TOKEN = 8
@@ -99,7 +100,7 @@ class Chunked:
         settings = ctx.stage_config
         self.extract: dict[str, Any] = settings.get("extract") or {}
         self.train: dict[str, Any] = settings.get("train") or {}
-        self.epochs = int(self.train.get("epochs", 1))
+        self.epochs = int(need(self.train, "train", "epochs", StageInputError))
         self.budget = sizing.parse_size(settings.get("disk_budget"))
         if not self.budget:
             raise StageInputError("the chunked route needs stages.extract.disk_budget (e.g. 500G)")
@@ -112,7 +113,7 @@ class Chunked:
     # -- the plan of chunks ------------------------------------------------------
 
     def per_token(self) -> int:
-        dtype = self.extract.get("dtype", "bfloat16")
+        dtype = need(self.extract, "extract", "dtype", StageInputError)
         if dtype not in DTYPES:
             raise StageInputError(f"stages.extract.dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
         hidden = sizing.hidden_size((self.ctx.shared_config.get("target") or {}).get("model") or "")
@@ -161,7 +162,7 @@ class Chunked:
         if state != {"epoch": 0, "chunk": 0, "phase": "extract"}:
             self.progress.note(f"resuming at epoch {state['epoch'] + 1}, chunk {state['chunk'] + 1}, {state['phase']}")
         records = [sum(p["end"] - p["start"] for p in chunk) for chunk in chunks]
-        batch = int(self.train.get("batch_size", 1))
+        batch = int(need(self.train, "train", "batch_size", StageInputError))
         schedule = self.epochs * sum(-(-n // batch) for n in records)
         if state["epoch"] > 0 or state["chunk"] > 0:
             self.progress.written(sum(records) if state["epoch"] > 0 else sum(records[: state["chunk"]]))

@@ -122,7 +122,7 @@ def choose(offline_bytes: int, largest_record: int, budget: int, engine: str) ->
 def plan(args: dict[str, Any]) -> dict[str, Any]:
     """The figures `inv plan` shows, from the request the workstation sends (see `local.plan`)."""
     root = Path(args["root"])
-    layers, dtype = list(args["layers"]), args.get("dtype", "bfloat16")
+    layers, dtype = list(args["layers"]), args["dtype"]
     hidden = hidden_size(args.get("model") or "")
     datasets = [dataset_tokens(root, d) for d in args["datasets"]]
     known = [d for d in datasets if d["tokens"] is not None]
@@ -134,7 +134,7 @@ def plan(args: dict[str, Any]) -> dict[str, Any]:
         "datasets": [{k: d[k] for k in ("dataset", "records", "tokens", "basis")} for d in datasets],
         "tokens": tokens, "hidden_size": hidden, "layers": layers, "dtype": dtype,
         "bytes_per_token": None, "offline_bytes": None, "free_bytes": free, "disk_budget": budget,
-        "route": None, "chunks": None, "configured_route": args.get("route", "auto"), "engine": args.get("engine", "aerie"),
+        "route": None, "chunks": None, "configured_route": args["route"], "engine": args["engine"],
         "unknown": [d["dataset"] for d in datasets if d["tokens"] is None],
     }
     if hidden is None:

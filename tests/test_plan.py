@@ -29,7 +29,7 @@ def prep_manifest(root: Path, dataset: str, kept: int, tokens: int, stage: str =
 
 def request(root: Path, model: Path, datasets: list[dict], **extra) -> dict:
     return {"root": str(root), "model": str(model), "layers": [2, 30, 58], "dtype": "bfloat16",
-            "datasets": datasets, "engine": "aerie", **extra}
+            "datasets": datasets, "engine": "aerie", "route": "auto", **extra}
 
 
 def test_the_plan_counts_prep_s_tokens_and_sizes_kimi_s_states(tmp_path: Path) -> None:

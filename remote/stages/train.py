@@ -237,7 +237,7 @@ def _resume_state(ctx: StageContext, draft, files: list[Path], settings: dict[st
         schedule = saved.schedule if settings.get("schedule_steps") else {}
         return resume.TrainState(step=saved.step, optimizer=saved.optimizer, schedule=schedule, data=data)
     progress.note(f"resuming at epoch {saved.epoch + 1}, batch {saved.position}, step {saved.step}")
-    done = len(files) if saved.epoch > 0 else min(len(files), saved.position * int(settings.get("batch_size", 1)))
+    done = len(files) if saved.epoch > 0 else min(len(files), saved.position * int(need(settings, "train", "batch_size")))
     if done:
         progress.written(done)
     return saved
