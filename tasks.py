@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from invoke import Collection, Context, Exit
 
-from local import control, evaluation, validate as validating
+from local import control, evaluation
 from local.cli import console, inventory_name, task
 from local.fleet import fleet
 from local.inventory_cache import load
@@ -21,6 +21,8 @@ DATASET = "comma-separated dataset names; default: all of the inventory's"
 @task(help={"inventory": INVENTORY, "json": "print a JSON list instead of the table"})
 def validate(c: Context, inventory: str | None = None, json: bool = False) -> None:
     """Run prep over each dataset's local sample here; fail on any that would give zero records."""
+    from local import validate as validating  # in the tasks that validate: not a cost of `inv status`
+
     validating.check(load(inventory_name(c, inventory)), console(), as_json=json)
 
 
@@ -28,6 +30,8 @@ def validate(c: Context, inventory: str | None = None, json: bool = False) -> No
             "revalidate": "validate every dataset again, even those whose sample, prep code and settings are unchanged"})
 def deploy(c: Context, inventory: str | None = None, dry_run: bool = False, revalidate: bool = False) -> None:
     """Check locally, then sync remote/ to the host(s) as a new release, atomically."""
+    from local import validate as validating
+
     with fleet(inventory_name(c, inventory)) as hosts:
         validating.check(hosts.inventory, console(), cached=not revalidate)
         hosts.raise_failures(hosts.each(lambda host, out: control.deploy(host, out, dry_run), console()))

@@ -7,11 +7,9 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from local import deploy as deploying
-from local import jobs, pipeline, status_view, trust as trusting, validate as validating
+from local import jobs, pipeline, status_view
 from local.errors import AerieError
 from local.host import RemoteHost
-from local.transport import SshTransport
 from remote.states import BAD, JobState
 
 if TYPE_CHECKING:  # rich is imported where a table or a live view is drawn: not for a deploy that sends nothing
@@ -47,6 +45,8 @@ def mine(host: RemoteHost, datasets: list[str] | None) -> list[str] | None:
 
 def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | None:
     """Send what changed to one host (`inv deploy` has validated the inventory's data first)."""
+    from local import deploy as deploying  # here, as validate below: `inv status` and `inv launch` need neither
+
     plan = deploying.plan(host, deploying.manifest())
     deploying.check_sources(paths=plan.send)
     where = f"{host.name}:{host.root}"
@@ -167,6 +167,8 @@ def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
 
 def demo(host: RemoteHost, console: Console) -> dict[str, Any]:
     """The whole pipeline on the embedded `local` inventory, with a tiny target built offline."""
+    from local import validate as validating
+
     validating.check(host.inventory, console)
     deploy(host, console)
     built = host.call("assets")
@@ -219,6 +221,9 @@ def stop(host: RemoteHost, console: Console, datasets: list[str] | None, stages:
 def trust(inventory: Inventory, console: Console, expect: str | None, yes: bool) -> None:
     if inventory.host is None or not inventory.host.address:
         raise AerieError(f"{inventory.path}: trust works on one host reached over SSH (set host.address)")
+    from local import trust as trusting  # here: paramiko, which no other task imports before it connects
+    from local.ssh import SshTransport
+
     transport = SshTransport(inventory.host)
     name, key = trusting.scan(transport)
     console.print(f"{name} presents {key.get_name()} {key.fingerprint}")

@@ -9,7 +9,6 @@ down is reported, and does not delay or fail the others' work.
 from __future__ import annotations
 
 import io
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
@@ -100,6 +99,7 @@ class Fleet:
 
     def _in_parallel(self, work: Callable[[str, RemoteHost], T]) -> dict[str, T | AerieError]:
         """`work(name, host)` on every host at once; a host's `AerieError` is its result, not raised."""
+        from concurrent.futures import ThreadPoolExecutor  # here: one host, the common case, needs no threads
 
         def attempt(name: str) -> T | AerieError:
             try:

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from local.inventory import Inventory
 
 NOT_DEPLOYED = 90  # the exit code of the guard in front of every job command
+#: Verbs whose code is the standard library only: their Python starts with -S, since a host
+#: virtualenv's site (its .pth files, editable installs) can cost more than the verb itself.
+#: Jobs they start are new interpreters with their site.
+BARE_VERBS = frozenset({"status", "launch", "run", "rerun", "stop", "logs", "eval_report"})
 RELEASE_AGENT = (REPO / "remote" / "release.py").read_text()
 
 
@@ -35,7 +39,8 @@ class RemoteHost:
         current = shlex.quote(f"{self.root}/current")
         payload = shlex.quote(json.dumps({"root": self.root, **args}))
         return (f"[ -d {current} ] || exit {NOT_DEPLOYED}; cd {current} && "
-                f"{self._env()}PYTHONPATH=.${{PYTHONPATH:+:$PYTHONPATH}} exec {shlex.quote(self.python)} -m remote {verb} {payload}")
+                f"{self._env()}PYTHONPATH=.${{PYTHONPATH:+:$PYTHONPATH}} exec {shlex.quote(self.python)}"
+                f"{' -S' if verb in BARE_VERBS else ''} -m remote {verb} {payload}")
 
     def _env(self) -> str:
         """`host.env` as shell assignments: values quoted, names checked (the inventory refuses bad ones first)."""

@@ -42,6 +42,8 @@ class Host(Strict):
     python: str = "python3"
     connect_timeout: float = 10.0
     keepalive: int = 15
+    control_persist: float = Field(600.0, ge=0, description="seconds an idle shared OpenSSH connection stays "
+                                   "open for the next command (local/multiplex.py); 0: every command connects anew")
     env: dict[str, str] = Field(default_factory=dict, description="set for aerie's commands there, e.g. SLURM_CONF")
 
     @model_validator(mode="after")

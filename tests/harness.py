@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,9 +48,11 @@ class Bench:
     python: str = sys.executable
     slurm: Any = None
     """The test cluster, for backend slurm (its `env` reaches the login node's commands)."""
+    host_settings: dict[str, Any] = field(default_factory=dict)
+    """More `host:` keys for every inventory this bench writes."""
 
     def inventory(self, datasets: dict[str, Any], stages: dict[str, Any] | None = None, **extra: Any) -> Path:
-        host: dict[str, Any] = {"root": str(self.root), "python": self.python}
+        host: dict[str, Any] = {"root": str(self.root), "python": self.python, **self.host_settings}
         if self.backend == "ssh":
             assert self.sshd is not None
             host.update(address=self.sshd.address, port=self.sshd.port, user=self.sshd.user,

@@ -308,7 +308,8 @@ def test_a_job_outlives_the_connection_that_launched_it(bench: Bench) -> None:
     bench.scripted({"A": "records=20 sleep=0.1"})
     bench.inv("deploy")
     bench.inv("launch", "--stage", "prep")
-    assert bench.sshd.kill_connections() == 0  # `inv launch` has already hung up
+    # `inv launch` has hung up; what is left is the connection kept for the next command (local/multiplex.py)
+    assert bench.sshd.kill_connections() <= 1
     time.sleep(0.5)
     assert bench.wait_state("A/prep", {"succeeded"})["records"] == 20
 

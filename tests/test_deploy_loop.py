@@ -172,7 +172,9 @@ def test_deploy_validates_only_what_changed_and_never_imports_transformers_when_
 def test_deploy_then_rerun_in_one_invocation_connects_once(tmp_path: Path, hermetic_environment: dict[str, str]) -> None:
     server = start_server(tmp_path / "sshd", environment=hermetic_environment, log_level="INFO")
     try:
-        bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "ssh", server)
+        # No connection kept between commands (local/multiplex.py): this counts what one process opens.
+        bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "ssh", server,
+                      host_settings={"control_persist": 0})
         fixed = tmp_path / "fixed"
         bench.scripted({"bad": f"records=1 exit=3 unless={fixed}"})
         bench.inv("deploy")
