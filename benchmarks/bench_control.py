@@ -13,6 +13,7 @@ connection (what a long-lived `inv status --watch` pays per refresh is less);
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from typing import Any, Callable
 from local import deploy
 from local.host import RemoteHost
 from local.inventory import load
+from local.multiplex import Multiplexed, accepts
 from tests.harness import SCRIPTED, Bench, copy_checkout, wait_for
 from tests.sshd import start_server
 
@@ -56,26 +58,29 @@ def median_seconds(action: Callable[[], object], repeat: int) -> float:
 
 def paired(action: Callable[[], object], baseline: Callable[[], object], repeat: int,
            before: Callable[[], object] = lambda: None) -> dict[str, float]:
-    """A and B in turn (A B A B ...), the ratio taken pair by pair and its median quoted: a machine whose
-    speed drifts during the run moves both sides of each pair. `before` runs untimed ahead of each A."""
+    """B and A in turn (B A B A ...), the ratio taken pair by pair and its median quoted: a machine whose
+    speed drifts during the run moves both sides of each pair. `before` runs untimed ahead of each pair.
+    The baseline goes first, so that what A leaves running (a launch's 40 jobs) never slows it."""
     ratios, a_times, b_times = [], [], []
     for _ in range(repeat):
         before()
         started = time.perf_counter()
-        action()
-        a_times.append(time.perf_counter() - started)
-        started = time.perf_counter()
         baseline()
         b_times.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        action()
+        a_times.append(time.perf_counter() - started)
         ratios.append(a_times[-1] / b_times[-1])
     return {"seconds": statistics.median(a_times), "baseline_seconds": statistics.median(b_times),
             "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
 
 
 def host_of(bench: Bench) -> RemoteHost:
-    host = RemoteHost(load(str(bench.checkout / "inventories" / "test.yaml")))
-    host.transport = Counting(host.transport)
-    return host
+    """A host over a connection of its own (paramiko), as an in-process phase: connect + commands."""
+    from local.ssh import SshTransport
+
+    inventory = load(str(bench.checkout / "inventories" / "test.yaml"))
+    return RemoteHost(inventory, Counting(SshTransport(inventory.host)))
 
 
 def once(bench: Bench, verb: Callable[[RemoteHost], object]) -> int:
@@ -93,13 +98,23 @@ def run(repeat: int = 5) -> dict[str, Any]:
 
 
 def on_loopback_sshd(measure: Callable[[Bench, Path, int], dict[str, Any]], repeat: int) -> dict[str, Any]:
-    """`measure` over a copy of this checkout deployed to a fresh loopback sshd, stopped afterwards."""
+    """`measure` over a copy of this checkout deployed to a fresh loopback sshd, stopped afterwards.
+
+    Laptop and host are two machines: with two CPUs or more, the sshd (and so every command and
+    job on the "host") runs on the last CPU and this process (and every command it times) on the
+    others, so that a launch's jobs starting on the host do not slow the laptop's `inv`.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    host_cpus, laptop_cpus = (set(cpus[-1:]), set(cpus[:-1])) if len(cpus) > 1 else (set(cpus), set(cpus))
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
-        sshd = start_server(work / "sshd")
+        sshd = start_server(work / "sshd", cpus=host_cpus)
+        os.sched_setaffinity(0, laptop_cpus)
         try:
-            return measure(Bench(copy_checkout(work / "checkout"), work / "root", "ssh", sshd), work, repeat)
+            figures = measure(Bench(copy_checkout(work / "checkout"), work / "root", "ssh", sshd), work, repeat)
+            return {**figures, "cpus": {"host": sorted(host_cpus), "laptop": sorted(laptop_cpus)}}
         finally:
+            os.sched_setaffinity(0, set(cpus))
             sshd.stop()
 
 
@@ -131,6 +146,15 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
     # As typed, against `ssh host true` in pairs (Python start-up, imports and the host's Python included).
     ssh = lambda: subprocess.run(bench.sshd.ssh_argv("true"), check=True)  # noqa: E731
     typed_status = paired(lambda: bench.inv("status", check=False), ssh, repeat)
+    shared = Multiplexed(load(str(bench.checkout / "inventories" / "test.yaml")).host).socket
+
+    def first_of_the_day() -> None:  # no shared connection open: the command connects (paramiko) itself
+        wait_for(shared.exists, 20, "the shared connection")  # the last one's master is up: no handshake in flight
+        bench.sshd.kill_connections()
+        wait_for(lambda: not accepts(shared), 5, "the shared connection to end")
+
+    cold_status = paired(lambda: bench.inv("status", check=False), ssh, repeat, before=first_of_the_day)
+    floor = paired(lambda: subprocess.run([sys.executable, "-m", "invoke", "--version"], check=True, capture_output=True), ssh, repeat)
 
     def all_ended() -> None:
         wait_for(lambda: all(j["state"] == "succeeded" for j in bench.poll().values()), 120, "40 jobs to finish")
@@ -166,6 +190,8 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
                            "inv_seconds": inv_status, "inv_ratio_to_ssh_true": inv_status / ssh_true},
         "launch_40_jobs": {"remote_commands": launch_commands, "seconds": launch, "ratio_to_ssh_true": launch / ssh_true},
         "inv_status_as_typed_vs_ssh_true": typed_status,
+        "inv_status_as_typed_cold_vs_ssh_true": cold_status,
+        "inv_version_as_typed_vs_ssh_true": floor,
         "inv_launch_40_as_typed_vs_ssh_true": typed_launch,
         "deploy_noop_200_files": {"remote_commands": noop_commands, "seconds": noop, "rsync_seconds": rsync_noop,
                                   "ratio_to_rsync": noop / rsync_noop},

@@ -6,9 +6,10 @@ under .aerie/cache/inventory/, keyed by its file's bytes and path and the schema
 code (local/inventory.py); while they are unchanged, `load` reads that JSON back.
 
 What comes back reads like the models: attributes, `model_dump`, `model_dump_json`,
-and `views()`/`is_multi_host` for one host. Anything else (a method such as
-`Inventory.select` or `Slurm.for_stage`) is answered by the real pydantic model,
-built from the cached values the first time it is needed.
+`views()`/`is_multi_host` for one host, and what launching needs (`stage`, `select`,
+`executor`, `slurm.for_stage`). Anything else (e.g. `assignment()`, or an unknown
+dataset's refusal) is answered by the real pydantic model, built from the cached values
+the first time it is needed.
 """
 
 from __future__ import annotations
@@ -78,18 +79,31 @@ class Record:
 
 
 class CachedInventory(Record):
-    """An `Inventory` read back from the cache; `path` is where its file is."""
+    """An `Inventory` read back from the cache; `path` is where its file is.
 
-    __slots__ = ("path",)
+    Besides the values, the cache keeps what `inv launch` and `inv rerun` ask the model for
+    (`derived`: the executor, each stage's Slurm resources), computed by the model when it
+    was validated, so that these tasks never import pydantic either.
+    """
+
+    __slots__ = ("path", "_derived")
 
     def __init__(self, data: dict[str, Any], given: dict[str, Any], shape: dict[str, Any], path: Path,
-                 real: Inventory | None = None) -> None:
+                 derived: dict[str, Any], real: Inventory | None = None) -> None:
         super().__init__(data, given, shape, real)
-        self.path = path
+        self.path, self._derived = path, derived
 
     @property
     def is_multi_host(self) -> bool:
         return bool(self._data.get("hosts"))
+
+    @property
+    def executor(self) -> str:
+        return self._derived["executor"]
+
+    @property
+    def slurm(self) -> Any:
+        return SlurmResources(self.__getattr__("slurm"), self._derived["slurm"])
 
     def views(self) -> dict[str, Any]:
         return {"": self} if not self.is_multi_host else self._model().views()  # type: ignore[attr-defined]
@@ -98,10 +112,30 @@ class CachedInventory(Record):
         """A stage's settings (`inv rerun` reads every stage's); an unknown name: the model's refusal."""
         return getattr(self.stages, name) if name in self._data["stages"] else self._model().stage(name)  # type: ignore[attr-defined]
 
+    def select(self, names: list[str] | None) -> list[str]:
+        """The named datasets in inventory order, or all; an unknown name: the model's refusal."""
+        datasets = list(self._data["datasets"])
+        if names and not set(names) <= set(datasets):
+            return self._model().select(names)  # type: ignore[attr-defined]
+        return [n for n in datasets if not names or n in names]
+
     def _model(self) -> BaseModel:
         real = super()._model()
         real.path = self.path  # type: ignore[attr-defined]
         return real
+
+
+class SlurmResources:
+    """`inventory.slurm`, whose `for_stage` answers from the cache."""
+
+    def __init__(self, record: Record, by_stage: dict[str, dict[str, Any]]) -> None:
+        self.record, self.by_stage = record, by_stage
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.record, name)
+
+    def for_stage(self, stage: str) -> dict[str, Any]:
+        return copy.deepcopy(self.by_stage[stage]) if stage in self.by_stage else self.record.for_stage(stage)
 
 
 def load(name_or_path: str, cache: Path = CACHE) -> Inventory:
@@ -120,9 +154,11 @@ def load(name_or_path: str, cache: Path = CACHE) -> Inventory:
     real = schema.load(name_or_path)
     data, given = real.model_dump(mode="json"), real.model_dump(mode="json", exclude_unset=True)
     shape = shape_of(type(real))
+    derived = {"executor": real.executor, "slurm": {stage: real.slurm.for_stage(stage) for stage in data["stages"]}}
     if key is not None:
-        _write(cache, key, {"key": key, "path": str(path), "data": data, "given": given, "shape": shape})
-    return CachedInventory(data, given, shape, path, real)  # type: ignore[return-value]
+        _write(cache, key, {"key": key, "path": str(path), "data": data, "given": given, "shape": shape,
+                            "derived": derived})
+    return CachedInventory(data, given, shape, path, derived, real)  # type: ignore[return-value]
 
 
 def shape_of(model: type[BaseModel]) -> dict[str, Any]:
@@ -157,8 +193,8 @@ def _read(file: Path, path: Path) -> CachedInventory | None:
     try:
         stored = json.loads(file.read_text())
         if stored["key"] == file.stem and isinstance(stored["data"], dict) and isinstance(stored["given"], dict) \
-                and isinstance(stored["shape"]["fields"], dict):
-            return CachedInventory(stored["data"], stored["given"], stored["shape"], path)
+                and isinstance(stored["shape"]["fields"], dict) and isinstance(stored["derived"]["slurm"], dict):
+            return CachedInventory(stored["data"], stored["given"], stored["shape"], path, stored["derived"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # NOTE: a corrupt entry costs one full load, never the task
     return None

@@ -113,23 +113,28 @@ class Multiplexed:
 
     def _master_alive(self) -> bool:
         """A socket that accepts: a master listens. A stale one (its master killed) is removed."""
-        if not self.socket.exists():
-            return False
-        probe = socket.socket(socket.AF_UNIX)
-        try:
-            probe.connect(str(self.socket))
+        if accepts(self.socket):
             return True
-        except OSError:
-            self.socket.unlink(missing_ok=True)
-            return False
-        finally:
-            probe.close()
+        self.socket.unlink(missing_ok=True)
+        return False
 
     def close(self) -> None:
         if self._direct is not None:
             self._direct.close()
         for master in self._masters:
             master.poll()  # reaped if its `true` has ended; the master itself lives on, detached
+
+
+def accepts(path: Path) -> bool:
+    """Whether something listens on the Unix socket `path` (a connect, nothing said)."""
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
 
 
 def _key(host: Host) -> str:

@@ -97,6 +97,8 @@ class SshServer:
     address: str = ADDRESS
     log_level: str = "ERROR"
     """sshd's LogLevel: INFO logs each accepted connection ("Accepted publickey ...")."""
+    cpus: set[int] | None = None
+    """Where sshd and its sessions may run; None: anywhere."""
     process: subprocess.Popen | None = None
 
     @property
@@ -124,6 +126,7 @@ class SshServer:
             self.process = subprocess.Popen(
                 [str(SSHD), "-D", "-e", "-f", str(config)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=(lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None,  # noqa: PLW1509
             )
         self._wait_for_banner()
 
@@ -199,11 +202,14 @@ def start_server(
     identity: Path | None = None,
     environment: dict[str, str] | None = None,
     log_level: str = "ERROR",
+    cpus: set[int] | None = None,
 ) -> SshServer:
     """Generate keys and configs under `directory` and start a server there.
 
     `identity`: a private key to accept instead of a new one, so that a second
     server (with a different host key) accepts the first one's client key.
+    `cpus`: the only CPUs the server and every command it runs may use (the benchmarks'
+    "host", apart from the "laptop").
     """
     require_openssh()
     directory = Path(directory)
@@ -222,7 +228,7 @@ def start_server(
             known_hosts=directory / "known_hosts", ssh_config=ssh_config, home=home,
             host_key_fingerprint=_fingerprint(directory / "host_key.pub"),
             host_public_key=_public_key(directory / "host_key.pub"),
-            environment=dict(environment or {}), log_level=log_level,
+            environment=dict(environment or {}), log_level=log_level, cpus=cpus,
         )
         try:
             server.start()
