@@ -80,6 +80,17 @@ socket.getaddrinfo = _guarded_getaddrinfo
 '''
 
 
+#: Fixtures that build or run a real model (torch, transformers): a test that needs one is end-to-end.
+MODEL_FIXTURES = frozenset({"tiny_target", "extracted", "kimi_target", "kimi_extracted", "trained"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the unit tier (`-m "not e2e"`) runs in under a minute
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     # Before pytest-socket reads its options: loopback only, whatever the command line says.

@@ -16,6 +16,8 @@ import pytest
 
 from tests.harness import Bench, copy_checkout
 
+pytestmark = pytest.mark.e2e  # `inv check` as typed, against a stand-in server
+
 
 def sglang_like(info: dict[str, Any]) -> Iterator[str]:
     class Handler(BaseHTTPRequestHandler):

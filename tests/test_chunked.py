@@ -77,6 +77,7 @@ def chunked_env(root: Path, target: Path, budget: int, extract: dict, train: dic
     return env
 
 
+@pytest.mark.e2e
 def test_any_extract_and_train_command_runs_chunk_by_chunk_for_every_epoch_within_the_budget_and_resumes(
     tmp_path: Path
 ) -> None:

@@ -72,15 +72,17 @@ def test_an_unknown_dataset_or_stage_is_refused_by_name() -> None:
         inventory.stage("preb")
 
 
+@pytest.mark.e2e
 def test_a_bad_inventory_reaches_the_user_as_one_line_without_traceback(tmp_path: Path) -> None:
     path = write(tmp_path, "backend: local\nhost: {root: r, colour: blue}\n")
     done = subprocess.run([sys.executable, "-m", "invoke", "status", "-i", path], cwd=REPO,
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.strip() == f"aerie: {path}: host.colour: unknown key (expected one of: address, port, user, " \
-        "identity, known_hosts, ssh_config, root, python, connect_timeout, keepalive, env)"
+        "identity, known_hosts, ssh_config, root, python, connect_timeout, keepalive, control_persist, env)"
 
 
+@pytest.mark.e2e
 def test_invoke_config_chooses_the_default_inventory(tmp_path: Path) -> None:
     path = write(tmp_path, "backend: local\nhost: {root: r, colour: blue}\n")
     env = {**__import__("os").environ, "INVOKE_INVENTORY": path}
@@ -98,7 +100,7 @@ def test_every_value_in_the_host_command_is_quoted(tmp_path: Path) -> None:
     command = RemoteHost(inventory).command("status", {"datasets": ["a'b"]})
     words = shlex.split(command.split("&& ", 1)[1])
     assert words[:2] == ["K=v; touch x", "PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}"]
-    assert words[3:6] == ["py thon", "-m", "remote"] and "a'b" in words[-1]
+    assert words[3:7] == ["py thon", "-S", "-m", "remote"] and "a'b" in words[-1]  # -S: status is stdlib only
     inventory.host.env["X;touch y"] = "1"  # past validation (a model built in code): refused all the same
     with pytest.raises(AerieError, match="host.env key 'X;touch y' is not an environment variable name"):
         RemoteHost(inventory).command("status", {})

@@ -65,6 +65,7 @@ def _run_stage(release: Path, env: dict[str, str]) -> subprocess.CompletedProces
     )
 
 
+@pytest.mark.e2e
 def test_native_stage_writes_conversations_shards_and_a_manifest(tmp_path, tiny_tokenizer_dir):
     release = _release(tmp_path, tiny_tokenizer_dir, NATIVE_PARTS)
     env = _env(tmp_path, "native", _config({"shard_size": 3}))
@@ -113,6 +114,7 @@ def test_native_stage_writes_conversations_shards_and_a_manifest(tmp_path, tiny_
     assert sum(progress["skip_reasons"].values()) == 7
 
 
+@pytest.mark.e2e
 def test_a_dataset_that_yields_nothing_fails_the_stage_with_its_top_reasons(tmp_path, tiny_tokenizer_dir):
     release = _release(tmp_path, tiny_tokenizer_dir, ["unknown_roles.jsonl"])
     env = _env(tmp_path, "native", _config())

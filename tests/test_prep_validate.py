@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -20,6 +22,7 @@ def _request(tokenizer_dir, **datasets) -> dict:
     return {"target": {"tokenizer": str(tokenizer_dir), "trust_remote_code": False}, "stage": complete("prep"), "datasets": datasets}
 
 
+@pytest.mark.e2e
 def test_validate_cli_reports_every_sample_and_a_missing_one_as_an_error(tiny_tokenizer_dir):
     datasets = {
         path.stem: {"kind": "prompts" if path.stem.startswith("prompts") else "native", "sample": str(path)}
