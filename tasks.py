@@ -13,6 +13,7 @@ from local import control, evaluation
 from local.cli import console, inventory_name, task
 from local.fleet import fleet
 from local.inventory_cache import load
+from local.status_data import any_bad
 
 INVENTORY = "inventory NAME (inventories/NAME.yaml) or a path; default: config key `inventory`"
 DATASET = "comma-separated dataset names; default: all of the inventory's"
@@ -54,7 +55,7 @@ def status(c: Context, inventory: str | None = None, json: bool = False, watch: 
     every = control.number(watch, "--watch", float) if watch else 0.0
     with fleet(inventory_name(c, inventory)) as hosts:
         state = control.status(hosts.status, console(), hosts.title, as_json=json, watch=every)
-    if control.status_view.any_bad(state):
+    if any_bad(state):
         raise Exit(code=1)
 
 
@@ -110,7 +111,7 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
 
         hosts.raise_failures(hosts.each(lambda host, out: planning.resolve(host), console()))  # a route that fits, or stop
         hosts.raise_failures(hosts.each(lambda host, out: control.run(host, out, names), console()))
-        if follow and control.status_view.any_bad(control.follow(hosts.status, console(), hosts.title)):
+        if follow and any_bad(control.follow(hosts.status, console(), hosts.title)):
             raise Exit(code=1)
 
 
@@ -145,7 +146,7 @@ def demo(c: Context) -> None:
     """Run the whole pipeline on the embedded `local` inventory with a tiny model built offline."""
     with fleet("local") as hosts:
         state = control.demo(hosts.single, console())
-    if control.status_view.any_bad(state):
+    if any_bad(state):
         raise Exit("aerie: the demo did not finish cleanly; see the table above and `inv logs`", code=1)
 
 

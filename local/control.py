@@ -7,7 +7,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from local import jobs, pipeline, status_view
+from local import jobs, pipeline, status_data
 from local.errors import AerieError
 from local.host import RemoteHost
 from remote.states import BAD, JobState
@@ -121,6 +121,8 @@ def refresh(fetch: Callable[[], dict[str, Any]], console: Console, title: str, i
     until `until(state)` or Ctrl-C; the last state, whose frame stays on the screen."""
     from rich.live import Live
 
+    from local import status_view
+
     state = fetch()
     with Live(status_view.render(state, title=title, fit=True), console=console, auto_refresh=False) as live:
         try:
@@ -193,8 +195,10 @@ def status(fetch: Callable[[], dict[str, Any]], console: Console, title: str, as
         return refresh(fetch, console, title, watch)
     state = fetch()
     if as_json:
-        print(json.dumps(status_view.as_json(state), indent=2))
+        print(json.dumps(status_data.as_json(state), indent=2))
     else:
+        from local import status_view  # rich: for the table only
+
         console.print(status_view.render(state, title=title))
     return state
 

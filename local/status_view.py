@@ -29,6 +29,7 @@ from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
+from local.status_data import UNREACHABLE, Job
 from remote.states import JobState
 
 STATE_STYLES = {
@@ -43,7 +44,6 @@ STATE_STYLES = {
     JobState.BROKEN: "bold red",
 }
 
-Job = dict[str, Any]
 #: Below this width the table keeps only the columns a watch needs.
 WIDE = 120
 #: Metrics with a short name in the note.
@@ -184,7 +184,6 @@ COLUMNS = [
 
 
 HOST = Column("host", lambda job, view: job.get("host", ""))
-UNREACHABLE = "unreachable"
 
 
 def render(status: dict[str, Any], title: str | None = None, fit: bool = False) -> RenderableType:
@@ -396,39 +395,3 @@ def _time_left(running: list[Job]) -> str:
         return f"ETA {eta(longest, View(0, None))}"
     etas = [j for j in running if j.get("eta_s") is not None]
     return f"ETA {eta(max(etas, key=lambda j: j['eta_s']), View(0, None))}" if etas else ""
-
-
-def any_bad(status: dict[str, Any]) -> bool:
-    return bool(status.get("unreachable")) or any(JobState(job["state"]).is_bad() for job in status["jobs"])
-
-
-JSON_KEYS = ("host", "dataset", "stage", "state", "records", "skipped", "skip_reasons", "exit_code", "release",
-             "started_at", "ended_at", "message", "metrics", "waiting_for", "blocked_by", "signal", "slurm_job_id",
-             "slurm_state", "node", "total", "done", "rate", "eta_s", "eta_complete", "gpus")
-
-
-#: Keys shown only where they apply: several hosts, the Slurm backend, a pipeline's estimate, GPUs held.
-OPTIONAL_KEYS = {"host", "slurm_job_id", "slurm_state", "node", "eta_complete", "gpus"}
-
-
-def as_json(status: dict[str, Any]) -> list[dict[str, Any]]:
-    """One object per job (with the GPUs it holds, where the host has any), then one per unreachable host."""
-    jobs = [{key: job.get(key) for key in JSON_KEYS if key in job or key not in OPTIONAL_KEYS}
-            for job in _with_gpus(status)]
-    return jobs + [{"host": h["host"], "state": UNREACHABLE, "message": h["message"]} for h in status.get("unreachable", [])]
-
-
-def _with_gpus(status: dict[str, Any]) -> list[Job]:
-    """Each job with the GPUs it holds; the inference server's GPUs go to the infer jobs it serves."""
-    gpus = status.get("gpus") or []
-    if not gpus:
-        return status["jobs"]
-    jobs = []
-    for job in status["jobs"]:
-        key = f"{job['dataset']}/{job['stage']}"
-        serving = job["stage"] == "infer" and job["state"] in ("running", "stalled")
-        held = [{k: g.get(k) for k in ("index", "utilization", "memory_used", "memory_total")}
-                for g in gpus if g.get("host") == job.get("host")
-                and (key in g.get("held_by", []) or (serving and "inference server" in g.get("held_by", [])))]
-        jobs.append({**job, "gpus": held} if held else job)
-    return jobs

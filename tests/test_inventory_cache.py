@@ -97,3 +97,11 @@ def test_a_deploy_path_import_leaves_pydantic_and_yaml_alone() -> None:
             "print(sorted(m for m in ('pydantic', 'local.inventory', 'transformers', 'torch') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_task_list_loads_no_ssh_library_schema_or_rich() -> None:
+    # What every `inv` command pays before its task runs; each task imports what it needs.
+    code = ("import sys, tasks; print(sorted(m for m in ('paramiko', 'fabric', 'pydantic', 'rich', 'local.deploy', "
+            "'local.validate') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from local import status_view
+from local import status_data, status_view
 from remote.states import BAD, JobState
 
 NOW = 1_000_000.0
@@ -59,7 +59,7 @@ def test_every_state_has_a_colour_and_the_bad_ones_make_status_fail() -> None:
     assert set(status_view.STATE_STYLES) == set(JobState)
     assert BAD == {JobState.FAILED, JobState.DIED, JobState.EMPTY, JobState.STALLED, JobState.BROKEN}
     for state in JobState:
-        assert status_view.any_bad({"jobs": [job(state=state.value)]}) == (state in BAD)
+        assert status_data.any_bad({"jobs": [job(state=state.value)]}) == (state in BAD)
 
 
 def test_states_are_declared_in_lifecycle_order_and_know_if_they_are_terminal() -> None:
@@ -69,7 +69,7 @@ def test_states_are_declared_in_lifecycle_order_and_know_if_they_are_terminal() 
 
 
 def test_json_rows_carry_the_documented_keys() -> None:
-    rows = status_view.as_json({"jobs": [job(extra="not shown")]})
+    rows = status_data.as_json({"jobs": [job(extra="not shown")]})
     assert {"dataset", "stage", "state", "records", "skipped", "skip_reasons", "exit_code", "release",
             "started_at", "ended_at", "message"} <= set(rows[0])
     assert "extra" not in rows[0]
@@ -192,7 +192,7 @@ def test_json_has_eta_and_the_gpus_each_job_holds() -> None:
     status = {"jobs": [job(stage="infer", eta_s=12.5, total=100, done=50), job(dataset="B5", state="succeeded")],
               "gpus": [{"index": 0, "utilization": 97.0, "memory_used": 1.0, "memory_total": 2.0,
                         "held_by": ["inference server"]}]}
-    rows = status_view.as_json(status)
+    rows = status_data.as_json(status)
     assert (rows[0]["eta_s"], rows[0]["total"], rows[0]["done"]) == (12.5, 100, 50)
     assert rows[0]["gpus"] == [{"index": 0, "utilization": 97.0, "memory_used": 1.0, "memory_total": 2.0}]
     assert "gpus" not in rows[1] and rows[1]["eta_s"] is None
