@@ -193,14 +193,37 @@ def status(fetch: Callable[[], dict[str, Any]], console: Console, title: str, as
     """One status (from `fetch`: one remote command per host), as a table, JSON, or refreshed in place."""
     if watch and not as_json:
         return refresh(fetch, console, title, watch)
-    state = fetch()
     if as_json:
+        state = fetch()
         print(json.dumps(status_data.as_json(state), indent=2))
-    else:
-        from local import status_view  # rich: for the table only
-
-        console.print(status_view.render(state, title=title))
+        return state
+    state, status_view = while_importing(fetch, "local.status_view")  # rich: for the table only
+    console.print(status_view.render(state, title=title))
     return state
+
+
+def while_importing(fetch: Callable[[], Any], module: str) -> tuple[Any, Any]:
+    """`fetch()` (a remote command: mostly waiting) in a thread while `module` is imported here, so that
+    the host answers while the laptop loads the code that shows the answer."""
+    import importlib
+    import threading
+
+    answer: list[Any] = []
+
+    def run() -> None:
+        try:
+            answer.append((fetch(), None))
+        except BaseException as exc:  # noqa: BLE001 — re-raised below, in the caller's thread
+            answer.append((None, exc))
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    loaded = importlib.import_module(module)
+    worker.join()
+    value, error = answer[0]
+    if error is not None:
+        raise error
+    return value, loaded
 
 
 def logs(host: RemoteHost, dataset: str, stage: str | None, lines: int, follow: bool) -> None:
