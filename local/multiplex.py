@@ -89,7 +89,7 @@ class Multiplexed:
         argv = ["ssh", "-o", f"ControlPath={self.socket}", "-o", "BatchMode=yes",
                 "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts(host)}",
                 "-o", f"ConnectTimeout={max(1, round(host.connect_timeout))}",
-                "-o", f"ServerAliveInterval={host.keepalive}"]
+                "-o", f"ServerAliveInterval={host.keepalive}", "-o", "ServerAliveCountMax=2"]
         if host.ssh_config:
             argv += ["-F", "/dev/null" if host.ssh_config == "none" else str(Path(host.ssh_config).expanduser())]
         if host.port:

@@ -126,7 +126,10 @@ def test_the_pipeline_finishes_after_the_laptop_disconnects(bench: Bench, free_p
     wait_for(lambda: (bench.root / "jobs" / "A" / "prep" / "state.json").exists(), 30, "the pipeline to start")
     time.sleep(0.5)
     assert bench.sshd.kill_connections() >= 1  # the laptop's link drops mid-run
-    _, err = follower.communicate(timeout=30)
-    assert follower.returncode != 0 and "Traceback" not in err
+    _, err = follower.communicate(timeout=60)
+    # Dropped during a refresh, the follower says so in one line; dropped between two, it connects
+    # again (local/multiplex.py) and follows to the end. Never a traceback.
+    assert "Traceback" not in err
+    assert follower.returncode == 0 or "connection was lost" in err, err
     jobs = wait_pipeline(bench)
     assert all(j["state"] == "succeeded" for j in jobs.values()), jobs
