@@ -1,13 +1,15 @@
 """Control-plane figures against a throwaway loopback sshd, as ratios to baselines run alongside.
 
-- `inv status` of 40 jobs: remote commands used, and wall time over `ssh host true`;
-- `inv launch` of 40 jobs: remote commands used, and wall time over `ssh host true`;
-- deploy of a 200-file tree: a no-op deploy and a one-file change, against `rsync -az`
-  of the same tree over the same sshd.
+As typed (the whole `inv` command, Python start-up included), each against `ssh host true`
+in pairs: `inv status` of 40 jobs over the connection the last command left open (warm),
+`--json`, and with no connection open (cold: paramiko connects); `inv launch` of 40 jobs;
+and `inv --version`, Invoke's own start-up, the floor under every task.
 
-Each figure is the median of `repeat` runs. "in-process" times start at the
-connection (what a long-lived `inv status --watch` pays per refresh is less);
-"inv" times are the whole `inv` command, Python start-up included.
+In-process phases, on a connection of their own (paramiko: connect + the commands): status
+and launch of 40 jobs (remote commands used, wall time), and deploys of a 200-file tree, a
+no-op and a one-file change, against `rsync -az` of the same tree over the same sshd.
+
+Each figure is the median of `repeat` runs (of the pairwise ratios, for pairs).
 """
 
 from __future__ import annotations
@@ -146,6 +148,7 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
     # As typed, against `ssh host true` in pairs (Python start-up, imports and the host's Python included).
     ssh = lambda: subprocess.run(bench.sshd.ssh_argv("true"), check=True)  # noqa: E731
     typed_status = paired(lambda: bench.inv("status", check=False), ssh, repeat)
+    typed_json = paired(lambda: bench.inv("status", "--json", check=False), ssh, repeat)
     shared = Multiplexed(load(str(bench.checkout / "inventories" / "test.yaml")).host).socket
 
     def first_of_the_day() -> None:  # no shared connection open: the command connects (paramiko) itself
@@ -190,6 +193,7 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
                            "inv_seconds": inv_status, "inv_ratio_to_ssh_true": inv_status / ssh_true},
         "launch_40_jobs": {"remote_commands": launch_commands, "seconds": launch, "ratio_to_ssh_true": launch / ssh_true},
         "inv_status_as_typed_vs_ssh_true": typed_status,
+        "inv_status_json_as_typed_vs_ssh_true": typed_json,
         "inv_status_as_typed_cold_vs_ssh_true": cold_status,
         "inv_version_as_typed_vs_ssh_true": floor,
         "inv_launch_40_as_typed_vs_ssh_true": typed_launch,
