@@ -52,12 +52,13 @@ class Bench:
     """More `host:` keys for every inventory this bench writes."""
 
     def inventory(self, datasets: dict[str, Any], stages: dict[str, Any] | None = None, **extra: Any) -> Path:
-        host: dict[str, Any] = {"root": str(self.root), "python": self.python, **self.host_settings}
+        host: dict[str, Any] = {"root": str(self.root), "python": self.python}
         if self.backend == "ssh":
             assert self.sshd is not None
             host.update(address=self.sshd.address, port=self.sshd.port, user=self.sshd.user,
                         identity=str(self.sshd.identity), known_hosts=str(self.sshd.known_hosts),
                         ssh_config=str(self.sshd.ssh_config), connect_timeout=5)
+        host.update(self.host_settings)
         for entry in datasets.values():  # what `inv validate` (run by every deploy) reads here
             entry.setdefault("sample", str(SAMPLES[entry["kind"]]))
         if self.backend == "slurm":

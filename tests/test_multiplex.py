@@ -96,6 +96,7 @@ def test_trusting_or_removing_a_key_is_checked_on_a_new_connection_not_bypassed(
     socket = shared_socket(bench)
     wait_for(socket.exists, 20, "the shared connection's socket")
     known_hosts = Path(load(str(bench.checkout / "inventories" / "test.yaml")).host.known_hosts or "")
+    assert known_hosts.parent == bench.checkout.parent  # this test's copy, never the session server's
     known_hosts.write_text("")  # the user withdraws trust in the host
     assert shared_socket(bench) != socket
     refused = bench.inv("status", check=False)
