@@ -152,7 +152,9 @@ class ScriptedServer:
 
     def __init__(self, script: Any = None) -> None:
         import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from http.server import ThreadingHTTPServer
+
+        from tests.json_http import JSONHandler
 
         self.script = script or (lambda body, attempt: (200, completion(f"answer to {last_user(body)}")))
         self.bodies: list[dict[str, Any]] = []
@@ -161,7 +163,7 @@ class ScriptedServer:
         self._lock = threading.Lock()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JSONHandler):
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
@@ -172,26 +174,13 @@ class ScriptedServer:
                     outer.attempts[key] = outer.attempts.get(key, 0) + 1
                     attempt = outer.attempts[key]
                 status, payload = outer.script(body, attempt)
-                self._send(status, payload)
+                self.send_json(status, payload, {"Retry-After": "0"} if status == 429 else None)
 
             def do_GET(self) -> None:  # noqa: N802
                 if self.path in outer.routes:
-                    self._send(200, outer.routes[self.path])
+                    self.send_json(200, outer.routes[self.path])
                 else:
-                    self._send(404, {"detail": "Not Found"})
-
-            def _send(self, status: int, payload: Any) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                if status == 429:
-                    self.send_header("Retry-After", "0")
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
+                    self.send_json(404, {"detail": "Not Found"})
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

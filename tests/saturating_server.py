@@ -12,11 +12,12 @@ client actually got. Standard library only; used by the infer tests and
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
+
+from tests.json_http import JSONHandler
 
 TICK = 0.005  # seconds between two decode steps of the engine
 
@@ -30,13 +31,13 @@ class SaturatingServer:
         self._running = True
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JSONHandler):
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
                 self.rfile.read(int(self.headers["Content-Length"]))
                 outer.decode()
-                self._send(200, {
+                self.send_json(200, {
                     "id": "x", "object": "chat.completion",
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok " * 8},
                                  "finish_reason": "length"}],
@@ -44,18 +45,7 @@ class SaturatingServer:
                 })
 
             def do_GET(self) -> None:  # noqa: N802
-                self._send(200, {"object": "list", "data": [{"id": "stand-in"}]})
-
-            def _send(self, status: int, payload: Any) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
+                self.send_json(200, {"object": "list", "data": [{"id": "stand-in"}]})
 
         ThreadingHTTPServer.request_queue_size = 512  # 256 clients may connect at once
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

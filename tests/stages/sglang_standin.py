@@ -26,9 +26,13 @@ import math
 import os
 import sys
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+if not __package__:  # NOTE: `inv eval` runs this file as a script, from outside the checkout's path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.json_http import JSONHandler  # noqa: E402
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -78,19 +82,19 @@ def main(argv: list[str]) -> None:
             **{k: v for k, v in vars(args).items() if k.startswith("speculative_")}}
     time.sleep(float(os.environ.get("STANDIN_START_SECONDS", "0.3")))  # loading the model
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JSONHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             if self.path == "/health":
-                self._send(200, {})
+                self.send_json(200, {})
             elif self.path in ("/server_info", "/get_server_info"):
-                self._send(200, info)
+                self.send_json(200, info)
             else:
-                self._send(404, {"detail": "Not Found"})
+                self.send_json(404, {"detail": "Not Found"})
 
         def do_POST(self) -> None:  # noqa: N802
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if self.path != "/generate" or not ("text" in body or "input_ids" in body):
-                self._send(400, {"error": "expected /generate with text or input_ids"})
+                self.send_json(400, {"error": "expected /generate with text or input_ids"})
                 return
             tokens = int(body["sampling_params"]["max_new_tokens"])
             meta: dict[str, Any] = {"prompt_tokens": len(body.get("input_ids") or str(body.get("text")).split()),
@@ -106,18 +110,7 @@ def main(argv: list[str]) -> None:
                     handle.write(json.dumps({"port": args.port, "algorithm": args.speculative_algorithm,
                                              "num_steps": args.speculative_num_steps, "prompt": body.get("input_ids") or body.get("text"),
                                              "max_new_tokens": tokens, "temperature": body["sampling_params"].get("temperature")}) + "\n")
-            self._send(200, {"text": "x " * tokens, "meta_info": meta})
-
-        def _send(self, status: int, payload: Any) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: Any) -> None:
-            pass
+            self.send_json(200, {"text": "x " * tokens, "meta_info": meta})
 
     print(f"stand-in SGLang on {args.host}:{args.port}: {' '.join(argv)}", flush=True)
     ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
