@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from remote import executors, processes
 from remote.processes import is_alive, process_start  # noqa: F401  (the supervisor's and the runner's)
@@ -147,17 +147,11 @@ def launch(root: Path, spec: dict[str, Any], only: set[JobState] | None = None, 
     """Start one job with its executor (queued after the jobs `after`, where the executor queues), unless
     it runs already (or, with `only`, is in another state). `unstick`: also start again a job held for
     ever behind a failed one."""
-    store = JobStore(root)
-    directory = store.directory(spec["dataset"], spec["stage"])
-    directory.mkdir(parents=True, exist_ok=True)
-    with store.locked(directory):
-        refused = _refusal(directory, spec, only, unstick)
-        if refused:
-            return refused
-        release = store.current_release()
-        store.prepare(directory, spec)
-        started = executors.for_spec(spec).submit(directory, spec, release, after)
-    return {**_result(spec), "launched": True, **started}
+
+    def submit(directory: Path, release: Path) -> dict[str, Any]:
+        return executors.for_spec(spec).submit(directory, spec, release, after)
+
+    return _launch_one(JobStore(root), spec, only, unstick, submit)
 
 
 def launch_all(root: Path, specs: list[dict[str, Any]], each: Any = map) -> list[dict[str, Any]]:
@@ -175,19 +169,30 @@ def launch_all(root: Path, specs: list[dict[str, Any]], each: Any = map) -> list
         executor = executors.for_spec(spec)
         if not executor.detaches:
             return launch(root, spec)
-        directory = store.directory(spec["dataset"], spec["stage"])
-        directory.mkdir(parents=True, exist_ok=True)
-        with store.locked(directory):
-            refused = _refusal(directory, spec, None, False)
-            if refused:
-                return refused
-            store.prepare(directory, spec)
-            return {**_result(spec), "launched": True, **executor.record_starting(directory, spec, release, starter),
-                    "directory": str(directory)}
+
+        def starting(directory: Path, release: Path) -> dict[str, Any]:
+            return {**executor.record_starting(directory, spec, release, starter), "directory": str(directory)}
+
+        return _launch_one(store, spec, None, False, starting, release)
 
     results = list(each(record, specs))
     starter.hand_over([r.pop("directory") for r in results if "directory" in r])
     return results
+
+
+def _launch_one(store: JobStore, spec: dict[str, Any], only: set[JobState] | None, unstick: bool,
+                step: Callable[[Path, Path], dict[str, Any]], release: Path | None = None) -> dict[str, Any]:
+    """What every launch does under the job's lock: the refusal check, a fresh start, then `step(directory,
+    release)`, which submits the job or records it as starting (`release`: the current one when None)."""
+    directory = store.directory(spec["dataset"], spec["stage"])
+    directory.mkdir(parents=True, exist_ok=True)
+    with store.locked(directory):
+        refused = _refusal(directory, spec, only, unstick)
+        if refused:
+            return refused
+        release = release or store.current_release()
+        store.prepare(directory, spec)
+        return {**_result(spec), "launched": True, **step(directory, release)}
 
 
 def _start_handed(store: JobStore, directory: Path, release: Path) -> None:
