@@ -7,18 +7,17 @@ imported (importing torch takes seconds). Standard library only.
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from remote import server
+from remote import plan, server
 
 # NOTE: tiktoken is what Kimi-K2.5's own tokenizer (trust_remote_code) is built on.
 PACKAGES = ("datasets", "transformers", "tokenizers", "tiktoken", "torch", "pyarrow", "safetensors")
-BYTES_PER_VALUE = 2  # bf16 hidden states
+DTYPE = "bfloat16"  # the states' dtype this check sizes by (it is not sent stages.extract.dtype)
 
 
 def check(name: str, ok: bool, detail: str, warn_only: bool = False) -> dict[str, Any]:
@@ -51,36 +50,22 @@ def gpus() -> dict[str, Any]:
     return check("gpus", bool(names), "; ".join(names) or done.stderr.strip() or "none")
 
 
-def hidden_size(model: str | None) -> int | None:
-    """The target's hidden size from its config.json (a directory on the host), if readable."""
-    if not model:
-        return None
-    try:
-        config = json.loads((Path(model) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return (config.get("text_config") or config).get("hidden_size")
-
-
 def disk(root: Path, datasets: list[str], layers: list[int], model: str | None) -> dict[str, Any]:
-    """Free space against the hidden states' size: (layers + 1) × hidden × 2 bytes × tokens."""
+    """Free space against the hidden states' size: tokens × `plan.bytes_per_token`."""
     free = shutil.disk_usage(root if root.exists() else root.parent).free
-    width = hidden_size(model)
+    width = plan.hidden_size(model)
     tokens = sum(_tokens(root / "data" / name) for name in datasets)
     if not width or not tokens:
         return check("disk", True, f"{free / 2**30:,.1f} GiB free; no estimate yet (needs prep's token counts and the target's config)")
-    need = (len(layers) + 1) * width * BYTES_PER_VALUE * tokens
-    detail = f"{free / 2**30:,.1f} GiB free, hidden states need about {need / 2**30:,.1f} GiB ({tokens:,} tokens × {(len(layers) + 1) * width} values × 2 B)"
+    per_token = plan.bytes_per_token(layers, width, DTYPE)
+    need = per_token * tokens
+    detail = f"{free / 2**30:,.1f} GiB free, hidden states need about {need / 2**30:,.1f} GiB ({tokens:,} tokens × {per_token:,} B)"
     return check("disk", free > need, detail)
 
 
 def _tokens(data: Path) -> int:
-    for stage in ("tokenize", "prep"):
-        try:
-            return int(json.loads((data / stage / "manifest.json").read_text())["tokens"]["total"])
-        except (OSError, KeyError, TypeError, ValueError):
-            continue
-    return 0
+    manifest = plan.prep_manifest(data)
+    return int(manifest["tokens"]["total"]) if manifest else 0
 
 
 def inference_server(url: str, layers: list[int]) -> dict[str, Any]:

@@ -116,10 +116,10 @@ class Chunked:
         dtype = need(self.extract, "extract", "dtype", StageInputError)
         if dtype not in DTYPES:
             raise StageInputError(f"stages.extract.dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
-        hidden = sizing.hidden_size((self.ctx.shared_config.get("target") or {}).get("model") or "")
+        hidden = sizing.hidden_size((self.ctx.shared_config.get("target") or {}).get("model"))
         if not hidden:
             raise StageInputError("target.model has no readable config.json with hidden_size on the host")
-        return (len(self.extract.get("layers") or [2, 30, 58]) + 1) * int(hidden) * sizing.DTYPE_BYTES[dtype]
+        return sizing.bytes_per_token(self.extract.get("layers") or [2, 30, 58], hidden, dtype)
 
     def chunks(self) -> list[list[dict[str, Any]]]:
         """Each chunk as [{dataset, start, end}] over prep's order; made once and kept (chunks.json)."""

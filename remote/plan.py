@@ -59,7 +59,15 @@ def record_bytes(tokens: int, bytes_per_token: int) -> int:
     return tokens * (bytes_per_token + ID_BYTES_PER_TOKEN) + RECORD_OVERHEAD
 
 
-def hidden_size(model: str) -> int | None:
+def bytes_per_token(layers: list[int], hidden: int, dtype: str) -> int:
+    """What one token's hidden states take: the auxiliary layers' and the final one's, `hidden` values each."""
+    return (len(layers) + 1) * int(hidden) * DTYPE_BYTES[dtype]
+
+
+def hidden_size(model: str | None) -> int | None:
+    """The target's hidden size from its config.json (a directory on the host), if readable."""
+    if not model:
+        return None  # NOTE: not Path("") / "config.json", which is the working directory's
     try:
         config = json.loads((Path(model) / "config.json").read_text())
     except (OSError, json.JSONDecodeError, TypeError):
@@ -123,7 +131,7 @@ def plan(args: dict[str, Any]) -> dict[str, Any]:
     """The figures `inv plan` shows, from the request the workstation sends (see `local.plan`)."""
     root = Path(args["root"])
     layers, dtype = list(args["layers"]), args["dtype"]
-    hidden = hidden_size(args.get("model") or "")
+    hidden = hidden_size(args.get("model"))
     datasets = [dataset_tokens(root, d) for d in args["datasets"]]
     known = [d for d in datasets if d["tokens"] is not None]
     tokens = sum(d["tokens"] for d in known)
@@ -140,7 +148,7 @@ def plan(args: dict[str, Any]) -> dict[str, Any]:
     if hidden is None:
         result["reason"] = f"no hidden_size: no readable config.json under target.model {args.get('model')!r} on the host"
         return result
-    per_token = (len(layers) + 1) * int(hidden) * DTYPE_BYTES[dtype]
+    per_token = bytes_per_token(layers, hidden, dtype)
     records = sum(d["records"] or 0 for d in known)
     offline = tokens * per_token
     # NOTE: the disk test counts ids, masks and file framing too, not only the states.
