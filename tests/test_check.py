@@ -8,28 +8,23 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
 from tests.harness import Bench, copy_checkout
+from tests.json_http import JSONHandler
 
 pytestmark = pytest.mark.e2e  # `inv check` as typed, against a stand-in server
 
 
 def sglang_like(info: dict[str, Any]) -> Iterator[str]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JSONHandler):
         def do_GET(self) -> None:  # noqa: N802
-            body = json.dumps(info).encode() if self.path == "/server_info" else b"{}"
-            self.send_response(200 if self.path in ("/server_info", "/health") else 404)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
+            self.send_json(200 if self.path in ("/server_info", "/health") else 404,
+                           info if self.path == "/server_info" else {})
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
