@@ -60,7 +60,6 @@ def record_size(tokens: int, per_token: int) -> int:
 def reserved(datasets: int) -> int:
     """Disk a chunk takes besides its records."""
     return CHUNK_BYTES + DATASET_BYTES * datasets
-PHASES = ("extract", "train")
 
 
 def token_counts(prep_dir: Path) -> list[int]:

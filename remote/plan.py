@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-ROUTES = ("offline", "chunked", "online")
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
 #: What a stored record costs beyond its states: int64 ids and mask per token, and the file's own framing.
 ID_BYTES_PER_TOKEN = 16

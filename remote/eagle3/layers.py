@@ -32,11 +32,6 @@ from remote.eagle3 import StageInputError
 EAGLE3_AUX_LAYERS = 3
 
 
-def hf_index(layer_id: int) -> int:
-    """The index into HF's ``output_hidden_states`` tuple for an aux layer id."""
-    return layer_id + 1
-
-
 def validate_layers(layers: list[int], num_layers: int) -> None:
     """Refuse ids SGLang cannot capture for a target with `num_layers` decoder layers."""
     if not layers:

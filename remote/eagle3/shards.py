@@ -34,7 +34,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from remote.progress import read_json, write_json_atomic
 
@@ -133,8 +133,3 @@ def load_sample(path: Path, mmap: bool = False) -> dict[str, Any]:
     import torch
 
     return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-
-
-def iter_samples(store: ShardStore) -> Iterator[dict[str, Any]]:
-    for path in store.sample_files():
-        yield load_sample(path)

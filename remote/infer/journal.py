@@ -20,7 +20,6 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.dropped_bytes = 0
         self._file = None
 
     def read(self) -> Iterator[dict[str, Any]]:
@@ -37,7 +36,6 @@ class Journal:
                 yield record
         size = self.path.stat().st_size
         if size > good:
-            self.dropped_bytes = size - good
             with open(self.path, "r+b") as file:
                 file.truncate(good)
                 os.fsync(file.fileno())
