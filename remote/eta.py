@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from remote.progress import read_json
+from remote.progress import read_mapping
 
 RUNNER = ("pipeline", "run")
 
@@ -38,26 +38,17 @@ def annotate(root: Path, status: dict[str, Any]) -> dict[str, Any]:
     """Add ``total``, ``done``, ``rate`` and ``eta_s`` to each job; ``eta_s`` to the runner for the whole pipeline."""
     jobs = status.get("jobs", [])
     for job in jobs:
-        progress = _mapping(root / "jobs" / job["dataset"] / job["stage"] / "progress.json")
+        progress = read_mapping(root / "jobs" / job["dataset"] / job["stage"] / "progress.json")
         job["total"], job["done"], job["rate"] = progress.get("total"), progress.get("done"), progress.get("rate")
         job["eta_s"] = job_eta(progress, job["state"])
     runner = next((j for j in jobs if (j["dataset"], j["stage"]) == RUNNER), None)
     if runner is not None and runner["state"] in ("running", "stalled"):
         try:
-            plan = _mapping(root / "jobs" / "pipeline" / "run" / "spec.json")["config"]["stage"]["plan"]
+            plan = read_mapping(root / "jobs" / "pipeline" / "run" / "spec.json")["config"]["stage"]["plan"]
             runner["eta_s"], runner["eta_complete"] = pipeline_eta(plan, jobs)
         except (KeyError, TypeError, AttributeError):
             pass  # a spec it cannot read: no estimate, and the job's own reading says why
     return status
-
-
-def _mapping(path: Path) -> dict[str, Any]:
-    """A JSON object from `path`; empty when absent, torn or not an object (a broken job says so itself)."""
-    try:
-        value = read_json(path, {})
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def pipeline_eta(plan: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> tuple[float, bool]:

@@ -52,6 +52,15 @@ def read_json(path: Path, default: Any = None) -> Any:
         return default
 
 
+def read_mapping(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; empty when absent, torn, unreadable or not an object (a reader that must go on)."""
+    try:
+        value = read_json(path, {})
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 class Progress:
     """Counters of one stage run: records written, records skipped by reason, metrics."""
 

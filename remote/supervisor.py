@@ -24,7 +24,7 @@ from typing import Any, Iterator
 from remote import scratch, server
 from remote.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, last_line
 from remote.processes import die_with_parent, process_start
-from remote.progress import PROGRESS_ENV, read_json, write_json_atomic
+from remote.progress import PROGRESS_ENV, read_json, read_mapping, write_json_atomic
 from remote.stages import DEFAULT_COMMANDS
 from remote.states import JobState
 
@@ -182,7 +182,7 @@ class Supervisor:
                     _remove_torn(self.state_path)
 
     def _finish(self, state: dict[str, Any], exit_code: int) -> JobState:
-        progress = _read_progress(self.directory / "progress.json")
+        progress = read_mapping(self.directory / "progress.json")
         records = progress.get("records", 0) if isinstance(progress.get("records"), int) else 0
         ended = end_state(exit_code, records, self.stopping)
         no_space = False
@@ -203,14 +203,6 @@ class Supervisor:
         write_state_last(self.state_path, state)
         _log_line(f"{SUPERVISOR_MARK} {ended.value}: exit {exit_code}, {records} records")
         return ended
-
-
-def _read_progress(path: Path) -> dict[str, Any]:
-    try:
-        progress = read_json(path, {})
-    except (OSError, ValueError):
-        return {}
-    return progress if isinstance(progress, dict) else {}
 
 
 def _tail(log: Path) -> str:
