@@ -106,6 +106,8 @@ def test_stop_and_rerun_end_what_a_killed_supervisor_left_running(root: Path) ->
     wait_for(child_file.exists, 15, "B's child")
     grandchild = int(child_file.read_text())
     os.kill(record(root, "B")["pid"], signal.SIGKILL)
+    # NOTE: kill returns before the kernel has ended the supervisor; a rerun of a live one is refused.
+    wait_for(lambda: state_of(root, "B")["state"] == "died", 10, "B to be died")
     relaunched = verbs.rerun({"root": str(root), "datasets": ["B"], "specs": {"B/prep": spec("B", "records=1")}})
     assert [r["dataset"] for r in relaunched if r["launched"]] == ["B"]
     assert not is_running(grandchild)
