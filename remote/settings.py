@@ -10,7 +10,10 @@ first (train's ``max_length`` was 2048 in one place and 4096 in another).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import fields
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def need(settings: dict[str, Any], stage: str, key: str, error: type[Exception] = ValueError) -> Any:
@@ -29,3 +32,12 @@ def missing(settings: dict[str, Any], stage: str, keys: list[str]) -> str | None
         return None
     return (f"stages.{stage}.{', '.join(absent)} {'is' if len(absent) == 1 else 'are'} missing from the job's settings: "
             "the workstation sends every setting; launch the job again from an up-to-date checkout")
+
+
+def typed(cls: type[T], settings: dict[str, Any], stage: str, error: type[Exception]) -> T:
+    """The dataclass `cls` of `stage`'s settings, from exactly its fields; `error` names the keys the spec lacks."""
+    known = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    absent = missing(settings, stage, known)
+    if absent:
+        raise error(absent)
+    return cls(**{k: settings[k] for k in known})

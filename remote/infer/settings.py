@@ -7,10 +7,10 @@ hand must fail with a line naming the key, not a traceback.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from remote.settings import missing
+from remote.settings import typed
 
 
 class SettingsError(ValueError):
@@ -46,11 +46,7 @@ class InferSettings:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "InferSettings":
         """Settings from the stage config; unknown keys (``command``, ``stall_after``) are the supervisor's."""
-        known = [f.name for f in fields(cls)]
-        absent = missing(config, "infer", known)  # every default is the inventory's (remote/settings.py)
-        if absent:
-            raise SettingsError(absent)
-        settings = cls(**{k: config[k] for k in known})
+        settings = typed(cls, config, "infer", SettingsError)  # every default is the inventory's (remote/settings.py)
         settings.check()
         return settings
 

@@ -6,12 +6,12 @@ started by hand or by an older workstation, and say which key is wrong.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from remote.prep.errors import PrepError
-from remote.settings import missing
+from remote.settings import typed
 
 OVERLONG = ("truncate", "drop")
 REASONING = ("expand", "preserve")
@@ -42,11 +42,7 @@ class PrepSettings:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "PrepSettings":
-        known = [f.name for f in fields(cls)]
-        absent = missing(config, "prep", known)
-        if absent:
-            raise PrepError(absent)
-        settings = cls(**{k: config[k] for k in known})
+        settings = typed(cls, config, "prep", PrepError)
         for name in ("max_length", "num_proc", "shard_size", "batch_size"):
             value = getattr(settings, name)
             if not isinstance(value, int) or value < 1:
