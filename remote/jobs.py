@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from remote import executors, processes
-from remote.processes import is_alive, process_start  # noqa: F401  (the supervisor's and the runner's)
-from remote.store import BrokenJob, HostError, Job, JobStore  # noqa: F401
+from remote.store import BrokenJob, HostError, Job, JobStore
 from remote.states import JobState
 
 HEARTBEAT_SECONDS = 5.0
@@ -29,15 +28,6 @@ def job_dir(root: Path, dataset: str, stage: str) -> Path:
 
 def all_job_dirs(root: Path) -> list[Path]:
     return JobStore(root).directories()
-
-
-def current_release(root: Path) -> Path:
-    return JobStore(root).current_release()
-
-
-def locked(path: Path):  # type: ignore[no-untyped-def]
-    """The job's launch lock (`path` is its launch.lock)."""
-    return JobStore(path.parent).locked(path.parent)
 
 
 def last_line(log: Path, limit: int = 160) -> str:
@@ -233,10 +223,6 @@ def _refusal(directory: Path, spec: dict[str, Any], only: set[JobState] | None, 
         elif now_state == JobState.DIED:
             previous.cancel(job.state)  # a killed supervisor's stage may live on: never two runs at once
     return None
-
-
-def is_active(state: dict[str, Any], now_state: JobState | None) -> bool:
-    return executors.of(state).is_active(state, now_state)
 
 
 def terminate(state: dict[str, Any], grace: float = 10.0) -> None:
