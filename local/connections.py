@@ -46,11 +46,6 @@ def shared(host: Host) -> Shared:
         return Shared(transport)
 
 
-def count() -> int:
-    """How many transports this process holds (opened or not yet)."""
-    return len(_open)
-
-
 def close_all() -> None:
     with _lock:
         transports = list(_open.values())
