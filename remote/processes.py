@@ -130,10 +130,11 @@ class Starter:
 
     def __init__(self, start_one: Callable[[str], None]) -> None:
         read_end, self._write_end = os.pipe()
+        launcher = os.getpid()
         self.pid = os.fork()
         if self.pid == 0:  # the starter
             os.close(self._write_end)
-            self._run(read_end, start_one)
+            self._run(read_end, start_one, launcher)
         os.close(read_end)
         self.pid_start = process_start(self.pid)
 
@@ -142,7 +143,7 @@ class Starter:
             pipe.write("\n".join(directories))
 
     @staticmethod
-    def _run(read_end: int, start_one: Callable[[str], None]) -> None:
+    def _run(read_end: int, start_one: Callable[[str], None], launcher: int) -> None:
         code = 0
         try:
             os.setsid()  # no SIGHUP when the SSH session that started it ends
@@ -151,6 +152,7 @@ class Starter:
                 os.dup2(null, fd)
             with os.fdopen(read_end) as pipe:
                 directories = [line for line in pipe.read().split("\n") if line]
+            _until_gone(launcher, LAUNCHER_GRACE_S)
             for directory in directories:
                 try:
                     start_one(directory)
@@ -158,3 +160,15 @@ class Starter:
                     code = 1
         finally:
             os._exit(code)
+
+
+#: How long the starter lets the command that launched the jobs answer and exit before it starts
+#: their supervisors (40 Python start-ups), so that they never slow the answer on a busy host.
+LAUNCHER_GRACE_S = 1.0
+
+
+def _until_gone(pid: int, timeout: float) -> None:
+    """Wait until `pid`, our parent, has exited (we are reparented), at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while os.getppid() == pid and time.monotonic() < deadline:
+        time.sleep(0.002)
