@@ -238,16 +238,21 @@ def plan(args: dict[str, Any]) -> Any:
 
 
 def assets(args: dict[str, Any]) -> Any:
-    """Build the demo's tiny target (tokenizer and random Llama) offline, unless it is there."""
+    """Build the demo's tiny target (tokenizer and a Llama wired to recite, `remote.tiny_model`)
+    offline, unless it is there."""
+    from remote import tiny_model
+
     out = Path(args["root"]) / "assets" / "tiny-target"
-    if (out / "config.json").exists():
+    # NOTE: a target without the recital file is an older demo's random one: its draft cannot learn.
+    if (out / "config.json").exists() and (out / tiny_model.RECITAL_FILE).exists():
         return {"path": str(out), "built": False}
-    from remote import tiny_model, tiny_tokenizer
+    from remote import tiny_tokenizer
 
     building = out.with_name(out.name + ".tmp")
     shutil.rmtree(building, ignore_errors=True)  # left by an interrupted build
     tiny_tokenizer.build_tokenizer(building)
-    tiny_model.main([str(building), "--tokenizer", str(building)])
+    tiny_model.main([str(building), "--tokenizer", str(building), "--recite", tiny_model.DEMO_RECITAL])
+    shutil.rmtree(out, ignore_errors=True)
     os.replace(building, out)
     return {"path": str(out), "built": True}
 
