@@ -29,8 +29,9 @@ SAMPLES = REPO / "inventories" / "samples"
 DATASETS = {"chat": ("sharegpt.jsonl", "native"), "asks": ("prompts_alpaca.jsonl", "prompts")}
 EXPECTED_JOBS = {"chat/prep", "chat/extract", "asks/prep", "asks/infer", "asks/tokenize", "asks/extract",
                  "draft/train", "pipeline/run"}
-#: What the demo trains its draft with.
-DEMO_TRAIN = yaml.safe_load((REPO / "inventories" / "local.yaml").read_text())["stages"]["train"]
+DEMO = yaml.safe_load((REPO / "inventories" / "local.yaml").read_text())
+#: What the demo trains its draft with, and its host's environment (one torch thread per job).
+DEMO_TRAIN, DEMO_ENV = DEMO["stages"]["train"], DEMO["host"]["env"]
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +72,10 @@ def demo_inventory(bench: Bench, model: Path, port: int) -> None:
     }
     datasets = {name: {"source": str(SAMPLES / file), "kind": kind, "sample": str(SAMPLES / file)}
                 for name, (file, kind) in DATASETS.items()}
-    bench.inventory(datasets, stages, target={"tokenizer": str(model), "model": str(model)})
+    path = bench.inventory(datasets, stages, target={"tokenizer": str(model), "model": str(model)})
+    document = yaml.safe_load(path.read_text())
+    document["host"]["env"] = DEMO_ENV
+    path.write_text(yaml.safe_dump(document))
 
 
 def is_listening(port: int) -> bool:
