@@ -72,10 +72,8 @@ def demo_inventory(bench: Bench, model: Path, port: int) -> None:
     }
     datasets = {name: {"source": str(SAMPLES / file), "kind": kind, "sample": str(SAMPLES / file)}
                 for name, (file, kind) in DATASETS.items()}
-    path = bench.inventory(datasets, stages, target={"tokenizer": str(model), "model": str(model)})
-    document = yaml.safe_load(path.read_text())
-    document["host"]["env"] = DEMO_ENV
-    path.write_text(yaml.safe_dump(document))
+    bench.host_settings["env"] = DEMO_ENV
+    bench.inventory(datasets, stages, target={"tokenizer": str(model), "model": str(model)})
 
 
 def is_listening(port: int) -> bool:
