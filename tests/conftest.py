@@ -81,7 +81,7 @@ socket.getaddrinfo = _guarded_getaddrinfo
 
 
 #: Fixtures that build or run a real model (torch, transformers): a test that needs one is end-to-end.
-MODEL_FIXTURES = frozenset({"tiny_target", "extracted", "kimi_target", "kimi_extracted", "trained"})
+MODEL_FIXTURES = frozenset({"tiny_target", "demo_target", "extracted", "kimi_target", "kimi_extracted", "trained"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the unit tier (`-m "not e2e"`) runs in under a minute

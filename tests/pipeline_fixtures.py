@@ -35,6 +35,18 @@ def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def demo_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny tokenizer and reciting Llama, built offline the way `inv demo` builds them (`remote assets`)."""
+    from remote import tiny_model
+    from remote.tiny_tokenizer import build_tokenizer
+
+    path = tmp_path_factory.mktemp("demo-target")
+    build_tokenizer(path)
+    tiny_model.main([str(path), "--tokenizer", str(path), "--recite", tiny_model.DEMO_RECITAL])
+    return path
+
+
 def vocab_size(model_dir: Path) -> int:
     return json.loads((model_dir / "config.json").read_text())["vocab_size"]
 

@@ -22,6 +22,7 @@ import yaml
 
 from remote import tiny_model
 from tests.harness import REPO, Bench, copy_checkout
+from tests.pipeline_fixtures import demo_target  # noqa: F401 — a fixture
 
 pytestmark = pytest.mark.e2e
 
@@ -32,17 +33,6 @@ EXPECTED_JOBS = {"chat/prep", "chat/extract", "asks/prep", "asks/infer", "asks/t
 DEMO = yaml.safe_load((REPO / "inventories" / "local.yaml").read_text())
 #: What the demo trains its draft with, and its host's environment (one torch thread per job).
 DEMO_TRAIN, DEMO_ENV = DEMO["stages"]["train"], DEMO["host"]["env"]
-
-
-@pytest.fixture(scope="session")
-def tiny_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny tokenizer and reciting Llama, built offline the way `inv demo` builds them (`remote assets`)."""
-    from remote import tiny_tokenizer
-
-    path = tmp_path_factory.mktemp("demo-target")
-    tiny_tokenizer.build_tokenizer(path)
-    tiny_model.main([str(path), "--tokenizer", str(path), "--recite", tiny_model.DEMO_RECITAL])
-    return path
 
 
 @pytest.fixture(params=["local", "ssh"])
@@ -83,9 +73,9 @@ def is_listening(port: int) -> bool:
 
 
 def test_run_takes_both_kinds_of_dataset_through_every_stage_to_a_draft_checkpoint(
-    bench: Bench, tiny_target_dir: Path, free_port: int
+    bench: Bench, demo_target: Path, free_port: int
 ) -> None:
-    demo_inventory(bench, tiny_target_dir, free_port)
+    demo_inventory(bench, demo_target, free_port)
     bench.inv("deploy")
     followed = bench.inv("run", "--follow", check=False, timeout=300)
     assert "pipeline started" in followed.stdout and "7 jobs" in followed.stdout, followed.stdout + followed.stderr

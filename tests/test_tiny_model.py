@@ -13,14 +13,7 @@ from pathlib import Path
 import pytest
 
 from remote import tiny_model, tiny_tokenizer
-
-
-@pytest.fixture(scope="module")
-def reciting_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("reciting-target")
-    tiny_tokenizer.build_tokenizer(path)
-    tiny_model.main([str(path), "--tokenizer", str(path), "--recite", tiny_model.DEMO_RECITAL])
-    return path
+from tests.pipeline_fixtures import demo_target  # noqa: F401 — a fixture
 
 
 def load(path: Path):
@@ -29,10 +22,10 @@ def load(path: Path):
     return AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path).eval()
 
 
-def test_the_wired_targets_top_token_is_the_successor_of_the_current_token_in_any_context(reciting_target: Path) -> None:
+def test_the_wired_targets_top_token_is_the_successor_of_the_current_token_in_any_context(demo_target: Path) -> None:
     import torch
 
-    tokenizer, model = load(reciting_target)
+    tokenizer, model = load(demo_target)
     recite = tokenizer.encode(tiny_model.DEMO_RECITAL, add_special_tokens=False)
     following = torch.tensor(tiny_model.successor(recite, len(tokenizer)))
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
@@ -49,10 +42,10 @@ def test_the_wired_targets_top_token_is_the_successor_of_the_current_token_in_an
             assert torch.equal(top, following[ids[0]]), tokenizer.decode(ids[0][top != following[ids[0]]])
 
 
-def test_the_wired_targets_greedy_answer_recites_and_tokenises_back_to_itself(reciting_target: Path) -> None:
+def test_the_wired_targets_greedy_answer_recites_and_tokenises_back_to_itself(demo_target: Path) -> None:
     import torch
 
-    tokenizer, model = load(reciting_target)
+    tokenizer, model = load(demo_target)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}],
                                            add_generation_prompt=True, return_tensors="pt", return_dict=True)
     with torch.no_grad():
@@ -64,7 +57,7 @@ def test_the_wired_targets_greedy_answer_recites_and_tokenises_back_to_itself(re
     assert tokenizer.encode(text, add_special_tokens=False) == answer
 
 
-def test_a_recital_that_repeats_a_token_is_refused(reciting_target: Path, tmp_path: Path) -> None:
+def test_a_recital_that_repeats_a_token_is_refused(demo_target: Path, tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="none repeated"):
-        tiny_model.main([str(tmp_path / "out"), "--tokenizer", str(reciting_target), "--recite", " the lazy the"])
+        tiny_model.main([str(tmp_path / "out"), "--tokenizer", str(demo_target), "--recite", " the lazy the"])
     assert not (tmp_path / "out").exists()
