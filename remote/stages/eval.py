@@ -165,6 +165,10 @@ def _last_line(log: Path) -> str:
 
 
 def _on_term(signum: int, frame: object) -> None:
+    # Once: `inv stop` signals the job's group and the supervisor passes its own SIGTERM on, so a
+    # second one can land while the first unwinds through `server.stop` and would cut it short,
+    # leaving the server (a session of its own) running.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Stopped()
 
 
