@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 class ServerError(Exception):
@@ -73,20 +73,24 @@ def is_healthy(url: str, timeout: float = 5.0) -> bool:
     return False
 
 
-def wait_healthy(url: str, timeout: float, pid: int | None = None, log_path: Path | None = None) -> None:
+def wait_healthy(url: str, timeout: float, pid: int | None = None, log_path: Path | None = None,
+                 beat: Callable[[], None] = lambda: None) -> None:
     """Block until the server at `url` is healthy; raise `ServerError` after `timeout` seconds.
 
     With `pid`, a server that exits while starting fails at once, with the last
-    line of `log_path` in the message, instead of after the whole timeout.
+    line of `log_path` in the message, instead of after the whole timeout. `beat`
+    is called while waiting, so that a long model load is not taken for a stall.
     """
     deadline = time.monotonic() + timeout
+    where = f" (log: {log_path})" if log_path is not None else ""
     while True:
         if is_healthy(url, timeout=min(5.0, timeout)):
             return
         if pid is not None and not is_running(pid):
-            raise ServerError(f"inference server (pid {pid}) exited while starting: {_last_line(log_path)}")
+            raise ServerError(f"inference server (pid {pid}) exited while starting: {_last_line(log_path)}{where}")
         if time.monotonic() >= deadline:
-            raise ServerError(f"inference server at {url} not healthy after {timeout:.0f}s: {_last_line(log_path)}")
+            raise ServerError(f"inference server at {url} not healthy after {timeout:.0f}s: {_last_line(log_path)}{where}")
+        beat()
         time.sleep(0.25)
 
 

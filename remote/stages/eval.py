@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import signal
 import socket
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from remote import jobs, processes, server, stages
+from remote import processes, server, stages
 from remote.eagle3 import StageInputError
 from remote.eval import prompts as prompt_source
 from remote.eval import report as reports
@@ -45,7 +44,8 @@ SETTINGS = ("launcher", "model", "port", "server_args", "server_env", "server_st
 
 
 class EvalError(Exception):
-    """The server did not start or did not answer: one line, the server's last log line."""
+    """The evaluation cannot go on (its port is taken): one line. A server that does not start is
+    `server.ServerError`, with the last line of its log."""
 
 
 class Stopped(Exception):
@@ -126,23 +126,11 @@ def running(command: str, log: Path, record: Path, url: str, settings: dict[str,
     pid = server.start(command, log, env=settings["server_env"])
     write_json_atomic(record, {"pid": pid, "pid_start": processes.process_start(pid)})
     try:
-        wait_healthy(url, pid, log, float(settings["server_start_timeout"]), progress)
+        server.wait_healthy(url, float(settings["server_start_timeout"]), pid, log, beat=progress.beat)
         yield pid
     finally:
         server.stop(pid, grace=STOP_GRACE)
         record.unlink(missing_ok=True)
-
-
-def wait_healthy(url: str, pid: int, log: Path, timeout: float, progress: Progress) -> None:
-    """Like `server.wait_healthy`, beating so that a long model load is not taken for a stall."""
-    deadline = time.monotonic() + timeout
-    while not server.is_healthy(url, timeout=5):
-        if not server.is_running(pid):
-            raise EvalError(f"the server exited while starting: {_last_line(log)} (log: {log})")
-        if time.monotonic() > deadline:
-            raise EvalError(f"the server was not healthy after {timeout:.0f}s: {_last_line(log)} (log: {log})")
-        progress.beat()
-        time.sleep(0.5)
 
 
 def stop_leftover_server(record: Path) -> None:
@@ -158,10 +146,6 @@ def is_listening(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(1)
         return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _last_line(log: Path) -> str:
-    return jobs.last_line(log, 300) or "(empty log)"
 
 
 def _on_term(signum: int, frame: object) -> None:
