@@ -30,14 +30,19 @@ def all_job_dirs(root: Path) -> list[Path]:
     return JobStore(root).directories()
 
 
-def last_line(log: Path, limit: int = 160) -> str:
-    """The stage's last non-empty line in a log (not the supervisor's own), read from its tail only."""
+def tail(log: Path, size: int = 4096) -> str:
+    """The last `size` bytes of a log as text; "" when it cannot be read."""
     try:
         with open(log, "rb") as handle:
-            handle.seek(max(0, handle.seek(0, os.SEEK_END) - 4096))
-            lines = handle.read().decode(errors="replace").split("\n")
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - size))
+            return handle.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+def last_line(log: Path, limit: int = 160) -> str:
+    """The stage's last non-empty line in a log (not the supervisor's own), read from its tail only."""
+    lines = tail(log).split("\n")
     text = next((line.strip() for line in reversed(lines) if line.strip() and not line.startswith(SUPERVISOR_MARK)), "")
     return text[:limit]
 

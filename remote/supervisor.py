@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from remote import scratch, server
-from remote.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, last_line
+from remote.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, last_line, tail
 from remote.processes import die_with_parent, process_start
 from remote.progress import PROGRESS_ENV, read_json, read_mapping, write_json_atomic
 from remote.stages import DEFAULT_COMMANDS
@@ -188,7 +188,7 @@ class Supervisor:
         no_space = False
         if ended != JobState.SUCCEEDED:
             log = self.directory / "log"
-            no_space = scratch.is_nearly_full(self.output) or scratch.NO_SPACE in _tail(log)
+            no_space = scratch.is_nearly_full(self.output) or scratch.NO_SPACE in tail(log)
             removed = scratch.remove_temporaries(self.output, self.run_id)
             if removed:
                 _log_line(f"{SUPERVISOR_MARK} removed this run's temporary files: {', '.join(removed[:5])}"
@@ -203,15 +203,6 @@ class Supervisor:
         write_state_last(self.state_path, state)
         _log_line(f"{SUPERVISOR_MARK} {ended.value}: exit {exit_code}, {records} records")
         return ended
-
-
-def _tail(log: Path) -> str:
-    try:
-        with open(log, "rb") as handle:
-            handle.seek(max(0, handle.seek(0, os.SEEK_END) - 4096))
-            return handle.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _log_line(text: str) -> None:
