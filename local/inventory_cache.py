@@ -17,12 +17,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from local.paths import REPO, resolve_path
+from local.paths import REPO, resolve_path, write_replacing
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -201,12 +199,7 @@ def _read(file: Path, path: Path) -> CachedInventory | None:
 
 
 def _write(cache: Path, key: str, document: dict[str, Any]) -> None:
-    cache.mkdir(parents=True, exist_ok=True)
-    temporary = cache / f".{key}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
     try:
-        temporary.write_text(json.dumps(document))
-        os.replace(temporary, cache / f"{key}.json")
+        write_replacing(cache / f"{key}.json", json.dumps(document))
     except OSError:
         pass  # a read-only checkout validates every time, as before
-    finally:
-        temporary.unlink(missing_ok=True)

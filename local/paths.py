@@ -1,9 +1,12 @@
-"""Where the checkout and its inventories are, and the rule for an environment variable's name,
-without importing the inventory's schema (pydantic): what `inv deploy` needs at start-up."""
+"""Where the checkout and its inventories are, the rule for an environment variable's name, and
+how a cache file is written, without importing the inventory's schema (pydantic): what
+`inv deploy` needs at start-up."""
 
 from __future__ import annotations
 
+import os
 import re
+import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -17,3 +20,15 @@ def resolve_path(name_or_path: str) -> Path:
     if "/" in name_or_path or name_or_path.endswith((".yaml", ".yml")):
         return Path(name_or_path).expanduser()
     return INVENTORIES / f"{name_or_path}.yaml"
+
+
+def write_replacing(path: Path, text: str) -> None:
+    """`text` into a name unique to this writer beside `path`, then renamed over it: a reader (or a
+    concurrent `inv`) sees the old file or the new one, whole. OSError (read-only, disk full) is raised."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.stem}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)

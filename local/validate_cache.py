@@ -24,11 +24,10 @@ import json
 import os
 import re
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
-from local.paths import REPO
+from local.paths import REPO, write_replacing
 
 CACHE = REPO / ".aerie" / "cache" / "validate"
 PREP = "remote/prep"
@@ -184,14 +183,8 @@ class ValidationCache:
     def put(self, key: str | None, entry: dict[str, Any]) -> None:
         if key is None or not is_pass(entry):
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        target = self.directory / f"{key}.json"
-        temporary = self.directory / f".{key}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
-        try:
-            temporary.write_text(json.dumps({"key": key, "entry": entry}))
-            os.replace(temporary, target)  # concurrent deploys each write whole files
-        finally:
-            temporary.unlink(missing_ok=True)
+        # concurrent deploys each write whole files
+        write_replacing(self.directory / f"{key}.json", json.dumps({"key": key, "entry": entry}))
 
 
 def is_pass(entry: dict[str, Any]) -> bool:
