@@ -57,6 +57,12 @@ def group_members(state: dict[str, Any]) -> list[int]:
     leader_start = process_start(pgid)
     if leader_start is not None and leader_start != state.get("pid_start"):
         return []
+    return live_members(pgid)
+
+
+def live_members(pgid: int) -> list[int]:
+    """The processes of group `pgid` that are alive (zombies do not count), from /proc; without
+    /proc, the group leader's pid while the group exists."""
     if not Path("/proc").is_dir():
         try:
             os.killpg(pgid, 0)

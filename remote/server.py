@@ -25,6 +25,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
+from remote import processes
+
 
 class ServerError(Exception):
     """The server did not start, did not answer, or could not be asked."""
@@ -105,7 +107,7 @@ def is_running(pid: int) -> bool:
         return True
     # NOTE: killpg also succeeds on a group of zombies (a leader whose parent
     # has not reaped it), so look at the members' states.
-    return _group_has_live_member(pid)
+    return bool(processes.live_members(pid))
 
 
 def stop(pid: int, grace: float = 15.0) -> None:
@@ -226,18 +228,6 @@ def _reap(pid: int) -> None:
         pass
 
 
-def _group_has_live_member(pgid: int) -> bool:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            # Fields after the command name: state, ppid, pgrp, ...
-            state, _ppid, pgrp = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):
-            continue
-        if int(pgrp) == pgid and state != "Z":
-            return True
-    return False
 
 
 def _last_line(log_path: Path | None) -> str:
