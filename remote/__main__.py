@@ -199,6 +199,12 @@ def logs(args: dict[str, Any]) -> None:
     """Print the job's log tail, then (with follow) new lines until the job ends. Raw text, no payload."""
     directory = _log_dir(Path(args["root"]), args["dataset"], args.get("stage"))
     path = directory / "log"
+    # A Slurm job writes its log only once it leaves the queue: follow waits for it to appear.
+    while not path.exists():
+        state = jobs.describe(directory, time.time())["state"]
+        if not args.get("follow") or JobState(state).is_terminal():
+            raise HostError(f"{directory.parent.name}/{directory.name} has no log yet (it is {state})")
+        time.sleep(0.25)
     with open(path, "rb") as handle:
         lines = handle.read().splitlines(keepends=True)
         sys.stdout.buffer.write(b"".join(lines[-args.get("lines", 50):]))

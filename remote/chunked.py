@@ -178,7 +178,7 @@ class Chunked:
                     self.extract_chunk(directory, chunks[k])
                     self.save(epoch, k, "train")
                 self.progress.note(f"{where}: training")
-                self.train_chunk(directory, chunks[k], schedule)
+                self.train_chunk(directory, chunks[k], schedule, f"epoch {epoch + 1}, chunk {k + 1}")
                 # NOTE: the state moves on before the delete: a crash in between leaves a
                 # chunk that the next run's extract of chunk k + 1 never reads, and removes.
                 self.save(epoch, k + 1, "extract")
@@ -206,10 +206,13 @@ class Chunked:
             copy_records(self.preps[part["dataset"]], data / "prep", part["start"], part["end"])
             self.stage("extract", self.extract, data, [data / "prep"], part["dataset"])
 
-    def train_chunk(self, directory: Path, chunk: list[dict[str, Any]], schedule: int) -> None:
+    def train_chunk(self, directory: Path, chunk: list[dict[str, Any]], schedule: int, name: str) -> None:
         # NOTE: no held-out evaluation per chunk: it would keep a share of every chunk's records
         # out of training for good (each chunk is a different slice); the chunked route trains all.
-        settings = {**self.train, "epochs": 1, "schedule_steps": schedule, "eval_records": 0}
+        # `chunk_pass` names this pass in the trainer's checkpoint: a stop after the trainer ended but
+        # before `save` recorded it runs the same pass again, which the checkpoint finds complete
+        # (trains nothing), while the next pass -- even over the same chunk -- is new data.
+        settings = {**self.train, "epochs": 1, "schedule_steps": schedule, "eval_records": 0, "chunk_pass": name}
         inputs = [directory / part["dataset"] / "extract" for part in chunk]
         self.stage("train", settings, self.ctx.data, inputs, "draft")
 
@@ -224,9 +227,12 @@ class Chunked:
                "AERIE_PROGRESS": str(self.out / f".{name}.progress.json")}
         command = (settings.get("command") or DEFAULT_COMMANDS[name]).replace("{python}", sys.executable)
         process = subprocess.Popen(command, shell=True, env=env)
-        while process.poll() is None:
-            self.progress.beat()  # the sub-stage's progress is its own: this job is alive while it runs
-            time.sleep(1.0)
+        while True:
+            try:
+                process.wait(timeout=1.0)  # not a sleep: record the end the moment it comes
+                break
+            except subprocess.TimeoutExpired:
+                self.progress.beat()  # the sub-stage's progress is its own: this job is alive while it runs
         if process.returncode != 0:
             raise SystemExit(f"chunked: {name} exited with {process.returncode}; see the log above")
 

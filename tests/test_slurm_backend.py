@@ -98,12 +98,18 @@ def test_stop_cancels_running_and_pending_jobs(bench: Bench, slurm: SlurmCluster
     bench.inv("run")  # A/extract waits on A/prep with afterok
     bench.wait_state("A/prep", {"running"}, timeout=60)
     assert "pending in Slurm (Dependency)" in bench.poll()["A/extract"]["message"]
+    queued = bench.inv("logs", "A", "--stage", "extract", check=False)  # a queued job has written no log yet
+    assert queued.returncode != 0 and "A/extract has no log yet (it is waiting)" in queued.stderr
+    assert "Traceback" not in queued.stderr
     assert bench.inv("launch", "--stage", "prep").stdout.count("already running (Slurm job") == 1
     stopped = bench.inv("stop", "--all")
     assert "stopped A/prep" in stopped.stdout and "stopped A/extract" in stopped.stdout
     jobs = settle(bench, {"A/prep", "A/extract", "draft/train"})
     assert jobs["A/prep"]["state"] == "stopped" and jobs["A/prep"]["slurm_state"].startswith("CANCELLED")
     assert jobs["A/extract"]["state"] == "stopped"
+    # --follow waits for a queued job's log, but not for one that ended in the queue.
+    never_ran = bench.inv("logs", "A", "--stage", "extract", "--follow", check=False, timeout=30)
+    assert "A/extract has no log yet (it is stopped)" in never_ran.stderr
 
 
 def test_a_killed_supervisor_shows_slurms_end_state(bench: Bench, slurm: SlurmCluster) -> None:

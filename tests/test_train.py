@@ -234,12 +234,19 @@ def test_a_train_run_stopped_mid_epoch_resumes_to_the_same_draft_as_an_unbroken_
 def test_a_finished_train_run_rerun_takes_no_step_and_keeps_its_draft(
     extracted: dict, tiny_target: Path
 ) -> None:
-    settings = {**TRAIN_SETTINGS, "epochs": 1, "eval_records": 0}
-    env = stage_env(extracted["root"], "train", settings, {"target": {"model": str(tiny_target)}}, dataset="again")
-    env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [extracted["env"]["AERIE_OUTPUT"]]})
-    first = train_stage.run(context(env), Progress())
+    # As the chunked route runs it: one pass named by `chunk_pass`, run again after a stop that
+    # came between the trainer's end and the driver's record of it, then the next pass, same files.
+    def env_of(name: str) -> dict:
+        settings = {**TRAIN_SETTINGS, "epochs": 1, "eval_records": 0, "chunk_pass": name}
+        env = stage_env(extracted["root"], "train", settings, {"target": {"model": str(tiny_target)}}, dataset="again")
+        env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [extracted["env"]["AERIE_OUTPUT"]]})
+        return env
 
-    again = train_stage.run(context(env), Progress())
+    first = train_stage.run(context(env_of("epoch 1, chunk 1")), Progress())
+
+    again = train_stage.run(context(env_of("epoch 1, chunk 1")), Progress())
+    next_pass = train_stage.run(context(env_of("epoch 2, chunk 1")), Progress())
 
     assert first["steps"] == again["steps"] == 5 and again["resumed_from_step"] == 5
     assert again["last_loss"] == first["last_loss"]
+    assert next_pass["resumed_from_step"] == 5 and next_pass["steps"] == 10  # the same records, a new pass

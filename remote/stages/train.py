@@ -18,6 +18,9 @@ Settings (``stages.train``):
   also written at the end of every epoch).
 - ``schedule_steps`` (not a user setting: `remote.chunked` sets it): the
   learning-rate schedule's length when this run is one chunk of a longer one.
+- ``chunk_pass`` (not a user setting either): which epoch and chunk this run
+  is; part of the resume fingerprint, so a pass run again after it finished
+  trains nothing, and the next pass over the same chunk is new data.
 
 Resuming: ``$AERIE_OUTPUT/resume/state.pt`` (`remote.eagle3.resume`) holds
 the draft, the optimizer and schedule, and the epoch, batch position and step.
@@ -227,7 +230,7 @@ def _resume_state(ctx: StageContext, draft, files: list[Path], settings: dict[st
     """The saved training state to go on from (its weights loaded into `draft`), or None."""
     from remote.eagle3 import resume
 
-    data = resume.fingerprint(files, {k: settings.get(k) for k in ("batch_size", "epochs", "max_length", "ttt_steps")})
+    data = resume.fingerprint(files, {k: settings.get(k) for k in ("batch_size", "epochs", "max_length", "ttt_steps", "chunk_pass")})
     saved = resume.load(ctx.output / "resume", draft)
     if saved is None:
         return resume.TrainState(data=data)

@@ -3,7 +3,7 @@
 ``chunk_standin.py extract BYTES_PER_TOKEN``: for the chunk's prep records, one file per
 record of ``tokens x BYTES_PER_TOKEN`` bytes (a record's states) and a manifest, like
 the real stage's layout. ``chunk_standin.py train LOG``: appends what it trained on
-(the extract directories and their record counts) to LOG, and writes a draft.
+(the pass, the extract directories and their record counts) to LOG, and writes a draft.
 ``sleep=S`` in ``$STANDIN_SLEEP`` slows each command so a test can kill it mid-way.
 """
 
@@ -33,9 +33,15 @@ def extract(ctx: StageContext, per_token: int, progress: Progress) -> None:
 
 
 def train(ctx: StageContext, log: Path, progress: Progress) -> None:
+    # Like the real trainer's checkpoint (`remote.eagle3.resume`), LOG records the passes done: a pass
+    # the driver runs again after it ended trains nothing. One append, so a kill leaves it whole or absent.
+    name = ctx.stage_config["chunk_pass"]
+    done = [json.loads(line)["pass"] for line in log.read_text().splitlines()] if log.exists() else []
     seen = {str(d): len(list((Path(d) / "shard-00000").glob("*.ckpt"))) for d in ctx.config["inputs"]}
-    with log.open("a") as handle:
-        handle.write(json.dumps({"inputs": seen, "schedule_steps": ctx.stage_config.get("schedule_steps")}) + "\n")
+    if name not in done:
+        with log.open("a") as handle:
+            handle.write(json.dumps({"pass": name, "inputs": seen,
+                                     "schedule_steps": ctx.stage_config.get("schedule_steps")}) + "\n")
     (ctx.output / "draft").mkdir(parents=True, exist_ok=True)
     progress.written(sum(seen.values()))
 
