@@ -9,11 +9,17 @@ In-process phases, on a connection of their own (paramiko: connect + the command
 and launch of 40 jobs (remote commands used, wall time), and deploys of a 200-file tree, a
 no-op and a one-file change, against `rsync -az` of the same tree over the same sshd.
 
+The as-typed status and launch pairs are also taken over links with a round trip (`LINK_RTTS`,
+`benchmarks.link`): on loopback `ssh host true` costs only its CPU, over a network every
+handshake exchange adds a round trip, and a shared connection's command about one.
+
 Each figure is the median of `repeat` runs (of the pairwise ratios, for pairs).
 """
 
 from __future__ import annotations
 
+import compileall
+import dataclasses
 import json
 import os
 import statistics
@@ -24,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from benchmarks.link import DelayedLink
 from local import deploy
 from local.host import RemoteHost
 from local.inventory import load
@@ -32,7 +39,10 @@ from tests.harness import SCRIPTED, Bench, copy_checkout, wait_for
 from tests.sshd import start_server
 
 JOBS = 40
+DATASETS = {f"D{i:02d}": "records=3" for i in range(JOBS)}
 TREE_FILES = 200
+#: Round trips of the links the as-typed figures are also taken over: a LAN, a VPN to a cloud region.
+LINK_RTTS = (0.002, 0.02)
 
 
 class Counting:
@@ -111,9 +121,13 @@ def on_loopback_sshd(measure: Callable[[Bench, Path, int], dict[str, Any]], repe
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
         sshd = start_server(work / "sshd", cpus=host_cpus)
+        checkout = copy_checkout(work / "checkout")
+        # As on a user's laptop after the first command: bytecode cached (PYTHONDONTWRITEBYTECODE, set
+        # on some machines, would make every `inv` compile aerie's modules again).
+        compileall.compile_dir(checkout, quiet=1)
         os.sched_setaffinity(0, laptop_cpus)
         try:
-            figures = measure(Bench(copy_checkout(work / "checkout"), work / "root", "ssh", sshd), work, repeat)
+            figures = measure(Bench(checkout, work / "root", "ssh", sshd), work, repeat)
             return {**figures, "cpus": {"host": sorted(host_cpus), "laptop": sorted(laptop_cpus)}}
         finally:
             os.sched_setaffinity(0, set(cpus))
@@ -129,7 +143,7 @@ def grow_tree(checkout: Path) -> None:
 
 def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
     assert bench.sshd is not None
-    bench.scripted({f"D{i:02d}": "records=3" for i in range(JOBS)})
+    bench.scripted(DATASETS)
     ssh_true = median_seconds(lambda: subprocess.run(bench.sshd.ssh_argv("true"), check=True), repeat)
     grow_tree(bench.checkout)
     files = deploy.manifest(bench.checkout)
@@ -187,6 +201,8 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
 
     one_file = median_seconds(aerie_change, repeat)
     rsync_one = median_seconds(rsync_change, repeat)
+    # Last: it points the inventory at the link.
+    links = {f"rtt_{rtt * 1000:g}ms": over_link(bench, work, rtt, repeat, all_ended) for rtt in LINK_RTTS}
     return {
         "ssh_true_s": ssh_true,
         "status_40_jobs": {"remote_commands": status_commands, "seconds": status, "ratio_to_ssh_true": status / ssh_true,
@@ -201,7 +217,30 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
                                   "ratio_to_rsync": noop / rsync_noop},
         "deploy_one_changed_200_files": {"seconds": one_file, "rsync_seconds": rsync_one,
                                          "ratio_to_rsync": one_file / rsync_one},
+        "over_a_link": links,
     }
+
+
+def over_link(bench: Bench, work: Path, rtt: float, repeat: int, all_ended: Callable[[], None]) -> dict[str, Any]:
+    """As typed, against `ssh host true`, both over a link with round trip `rtt` (the sshd behind a
+    `DelayedLink`): `inv status` warm, `--json`, and `inv launch` of 40 jobs."""
+    assert bench.sshd is not None
+    all_ended()  # the last launch's jobs, which would slow the first baselines
+    with DelayedLink(bench.sshd.port, rtt) as link:
+        known = work / f"known_hosts.{link.port}"  # the host's key, under the link's port
+        known.write_text(f"[{bench.sshd.address}]:{link.port} {bench.sshd.host_public_key}\n")
+        linked = dataclasses.replace(bench, sshd=dataclasses.replace(bench.sshd, port=link.port, known_hosts=known))
+        linked.scripted(DATASETS)
+        linked.inv("status", check=False)  # opens the shared connection, over the link
+        ssh = lambda: subprocess.run(linked.sshd.ssh_argv("true"), check=True)  # noqa: E731
+        return {
+            "ssh_true_s": median_seconds(ssh, repeat),
+            "inv_status_as_typed_vs_ssh_true": paired(lambda: linked.inv("status", check=False), ssh, repeat),
+            "inv_status_json_as_typed_vs_ssh_true": paired(lambda: linked.inv("status", "--json", check=False), ssh,
+                                                           repeat),
+            "inv_launch_40_as_typed_vs_ssh_true": paired(lambda: linked.inv("launch", "--stage", "prep"), ssh, repeat,
+                                                         before=all_ended),
+        }
 
 
 def _specs(bench: Bench) -> list[dict[str, Any]]:

@@ -243,11 +243,17 @@ class StatusView:
             table.add_column(column.header, justify=column.justify,  # type: ignore[arg-type]
                              no_wrap=column.header != COLUMNS[-1].header, overflow="ellipsis")
         for job in jobs:
-            table.add_row(*(column.cell(job, view) for column in columns))
+            table.add_row(*(_text(column.cell(job, view)) for column in columns))
         for host in self.status.get("unreachable", []):
             blank = [""] * (len(columns) - 3)
             table.add_row(host["host"], "*", Text(UNREACHABLE, "bold red"), *blank[:-1], Text(host["message"], "red"))
         return table
+
+
+def _text(cell: str | Text) -> Text:
+    # NOTE: a str cell would be parsed as console markup: slower (a regex per cell), and not what a
+    # value is (a message holding "[...]" would lose it).
+    return Text(cell) if isinstance(cell, str) else cell
 
 
 # -- grouping ----------------------------------------------------------------

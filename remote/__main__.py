@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,8 @@ from remote.wire import emit
 
 def status(args: dict[str, Any]) -> Any:
     root = Path(args["root"])
-    return gpus.annotate(root, eta.annotate(root, jobs.status(root)))  # time left and GPUs: same round trip
+    query = gpus.Query()  # nvidia-smi answers while the jobs are read
+    return gpus.annotate(root, eta.annotate(root, jobs.status(root)), query)  # time left and GPUs: one round trip
 
 
 def each(work: Callable[[Any], Any], items: list[Any]) -> list[Any]:
@@ -252,6 +252,8 @@ def assets(args: dict[str, Any]) -> Any:
     # NOTE: a target without the recital file is an older demo's random one: its draft cannot learn.
     if (out / "config.json").exists() and (out / tiny_model.RECITAL_FILE).exists():
         return {"path": str(out), "built": False}
+    import shutil
+
     from remote import tiny_tokenizer
 
     building = out.with_name(out.name + ".tmp")

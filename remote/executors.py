@@ -9,10 +9,8 @@ executor and never which one it is.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,16 +20,18 @@ from remote.progress import write_json_atomic
 from remote.states import JobState
 
 
-@dataclass
 class Reading:
-    """A job's state as its executor sees it now, and what to show with it."""
+    """A job's state as its executor sees it now, and what to show with it: `fields`, the status keys
+    only this executor has (Slurm's job id, state and node); `blocked_by`, the jobs whose failure holds
+    this one for ever (only a rerun moves it)."""
 
-    state: JobState
-    message: str = ""
-    fields: dict[str, Any] = field(default_factory=dict)
-    """Status keys only this executor has (Slurm's job id, state and node)."""
-    blocked_by: list[str] | None = None
-    """Jobs whose failure holds this one for ever; only a rerun moves it."""
+    # NOTE: a plain class: `status` is a `python -S` start-up that imports only what it uses, and
+    # a dataclass would bring `inspect` (a tenth of the command) into it.
+    __slots__ = ("state", "message", "fields", "blocked_by")
+
+    def __init__(self, state: JobState, message: str = "", fields: dict[str, Any] | None = None,
+                 blocked_by: list[str] | None = None) -> None:
+        self.state, self.message, self.fields, self.blocked_by = state, message, fields or {}, blocked_by
 
 
 class Executor(Protocol):
@@ -89,6 +89,8 @@ class ProcessExecutor:
         return {"where": f"starting, pid {starter.pid} starts its supervisor"}
 
     def submit(self, directory: Path, spec: dict[str, Any], release: Path, after: list[str]) -> dict[str, Any]:
+        import subprocess  # here: `status` starts nothing
+
         python_path = os.pathsep.join(filter(None, [str(release), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"}
         with open(directory / "log", "ab") as log:

@@ -6,6 +6,7 @@ answer. A GPU's holder is found from its compute processes: each job's
 supervisor leads a session of its own (`remote.jobs`), so a process whose
 session id is a job's pid belongs to that job; the pipeline's inference server
 has a session of its own too, recorded in ``jobs/pipeline/server.json``.
+Both queries run at once, started before the jobs are read (`Query`).
 
 Standard library only.
 """
@@ -13,11 +14,14 @@ Standard library only.
 from __future__ import annotations
 
 import os
-import shutil
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from remote.progress import read_json
+
+if TYPE_CHECKING:
+    import subprocess
 
 TIMEOUT = 5.0  # seconds: a wedged driver must not hang `inv status`
 GPU_QUERY = "--query-gpu=index,uuid,utilization.gpu,memory.used,memory.total"
@@ -26,22 +30,33 @@ CSV = "--format=csv,noheader,nounits"
 SERVER = "inference server"
 
 
-def read() -> list[dict[str, Any]]:
-    """Each GPU: index, uuid, utilisation (%), memory used and total (MiB), and its compute pids."""
-    if not shutil.which("nvidia-smi"):
-        return []
-    gpus = {row[1]: {"index": int(row[0]), "uuid": row[1], "utilization": _number(row[2]),
-                     "memory_used": _number(row[3]), "memory_total": _number(row[4]), "pids": []}
-            for row in _query(GPU_QUERY) if len(row) >= 5}
-    for row in _query(APPS_QUERY):
-        if len(row) >= 2 and row[1] in gpus and row[0].isdigit():
-            gpus[row[1]]["pids"].append(int(row[0]))
-    return sorted(gpus.values(), key=lambda gpu: gpu["index"])
+class Query:
+    """Both nvidia-smi queries, started at once and read when wanted. On a GPU host each can take a
+    few tenths of a second (a driver without persistence mode initialises every GPU), longer than
+    reading every job: `status` starts them first, and reads them last."""
+
+    def __init__(self) -> None:
+        self.started = [_start(GPU_QUERY), _start(APPS_QUERY)] if _on_path("nvidia-smi") else []
+
+    def read(self) -> list[dict[str, Any]]:
+        """Each GPU: index, uuid, utilisation (%), memory used and total (MiB), and its compute pids."""
+        if not self.started:
+            return []
+        deadline = time.monotonic() + TIMEOUT
+        board, apps = (_rows(process, deadline) for process in self.started)
+        gpus = {row[1]: {"index": int(row[0]), "uuid": row[1], "utilization": _number(row[2]),
+                         "memory_used": _number(row[3]), "memory_total": _number(row[4]), "pids": []}
+                for row in board if len(row) >= 5 and row[0].isdigit()}
+        for row in apps:
+            if len(row) >= 2 and row[1] in gpus and row[0].isdigit():
+                gpus[row[1]]["pids"].append(int(row[0]))
+        return sorted(gpus.values(), key=lambda gpu: gpu["index"])
 
 
-def annotate(root: Path, status: dict[str, Any]) -> dict[str, Any]:
-    """Add ``gpus`` to the status (only when the host has some), each with the jobs that hold it."""
-    gpus = read()
+def annotate(root: Path, status: dict[str, Any], query: Query | None = None) -> dict[str, Any]:
+    """Add ``gpus`` to the status (only when the host has some), each with the jobs that hold it;
+    `query`: the one started before the jobs were read."""
+    gpus = (query or Query()).read()
     if not gpus:
         return status
     owners = {job["pid"]: f"{job['dataset']}/{job['stage']}" for job in status.get("jobs", [])
@@ -68,17 +83,36 @@ def _owner(pid: int, owners: dict[int, str]) -> str:
     return owners.get(session) or owners.get(pid) or f"pid {pid}"
 
 
-def _query(query: str) -> list[list[str]]:
-    import csv  # here: a host without GPUs answers `status` without loading them
+def _on_path(name: str) -> bool:
+    # NOTE: not shutil.which: a host without GPUs answers `status` without importing shutil or subprocess.
+    return any(os.access(os.path.join(d, name), os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep) if d)
+
+
+def _start(query: str) -> subprocess.Popen[str] | None:
     import subprocess
 
     try:
-        done = subprocess.run(["nvidia-smi", query, CSV], capture_output=True, text=True, timeout=TIMEOUT)
-    except (OSError, subprocess.TimeoutExpired):
+        return subprocess.Popen(["nvidia-smi", query, CSV], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                text=True)
+    except OSError:
+        return None
+
+
+def _rows(process: subprocess.Popen[str] | None, deadline: float) -> list[list[str]]:
+    """The query's CSV rows; none when it failed or outlived the deadline (killed: a wedged driver)."""
+    import csv  # here, as subprocess: a host without GPUs answers `status` without loading them
+    import subprocess
+
+    if process is None:
         return []
-    if done.returncode != 0:
+    try:
+        out, _ = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        process.kill()  # and not waited for: a driver wedged in the kernel may not die at once
         return []
-    return [[cell.strip() for cell in row] for row in csv.reader(done.stdout.splitlines()) if row]
+    if process.returncode != 0:
+        return []
+    return [[cell.strip() for cell in row] for row in csv.reader(out.splitlines()) if row]
 
 
 def _number(text: str) -> float | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -33,6 +32,8 @@ def process_start(pid: int) -> str | None:
 def _process_start_ps(pid: int) -> str | None:
     # NOTE: only where there is no /proc (a macOS workstation on the local backend).
     if not Path("/proc").is_dir():
+        import subprocess
+
         out = subprocess.run(["ps", "-o", "lstart=", "-p", str(pid)], capture_output=True, text=True)
         return out.stdout.strip() or None
     return None

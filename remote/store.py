@@ -19,9 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import re
-import shutil
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -42,13 +40,13 @@ class BrokenJob(Exception):
     """A job whose files cannot be read; the message says which and why."""
 
 
-@dataclass
 class Job:
     """One job's files, read and checked."""
 
-    directory: Path
-    state: dict[str, Any]
-    progress: dict[str, Any]
+    __slots__ = ("directory", "state", "progress")  # a plain class, as `executors.Reading` is
+
+    def __init__(self, directory: Path, state: dict[str, Any], progress: dict[str, Any]) -> None:
+        self.directory, self.state, self.progress = directory, state, progress
 
     @property
     def key(self) -> str:
@@ -100,6 +98,8 @@ class JobStore:
         """A fresh start: the new spec, no old counters, the previous log kept as log.1, a broken record cleared."""
         for name in (STATE, PROGRESS, SPEC):
             if (directory / name).is_dir():  # a directory where a file belongs: what made the job broken
+                import shutil  # here: reading jobs never removes one
+
                 shutil.rmtree(directory / name)
         write_json_atomic(directory / SPEC, spec)
         (directory / PROGRESS).unlink(missing_ok=True)

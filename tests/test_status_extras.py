@@ -10,6 +10,7 @@ started in a session of its own, as a job's supervisor is.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -73,6 +74,50 @@ def test_the_pipelines_inference_server_is_named_as_the_holder(stand_in_nvidia_s
         server.kill()
         server.wait()
     assert status["gpus"][0]["held_by"] == [gpus.SERVER]
+
+
+SLOW_STAND_IN = """#!/bin/sh
+# A slow driver: each query notes when it starts and ends, around a sleep.
+echo "start $1" >> "$(dirname "$0")/calls"
+sleep "$(cat "$(dirname "$0")/delay")"
+echo "end $1" >> "$(dirname "$0")/calls"
+printf '0, GPU-aaa, 5, 10, 81559\\n'
+"""
+
+
+def slow_nvidia_smi(bin_dir: Path, delay: float) -> Path:
+    (bin_dir / "nvidia-smi").write_text(SLOW_STAND_IN)
+    (bin_dir / "delay").write_text(str(delay))
+    return bin_dir / "calls"
+
+
+def test_both_queries_run_at_once_started_before_the_jobs_are_read(stand_in_nvidia_smi: Path,
+                                                                   tmp_path: Path) -> None:
+    calls = slow_nvidia_smi(stand_in_nvidia_smi, 0.5)
+    query = gpus.Query()
+    # What `status` does meanwhile: the queries are under way before the jobs are read.
+    assert [line.split()[0] for line in _lines_when(calls, 2)] == ["start", "start"]
+    status = gpus.annotate(tmp_path, {"jobs": []}, query)
+    assert status["gpus"][0]["uuid"] == "GPU-aaa"
+    assert sorted(calls.read_text().split()[::2]) == ["end", "end", "start", "start"]
+
+
+def test_a_wedged_driver_gives_no_gpus_and_its_queries_are_killed(stand_in_nvidia_smi: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = slow_nvidia_smi(stand_in_nvidia_smi, 5)
+    monkeypatch.setattr(gpus, "TIMEOUT", 0.5)
+    query = gpus.Query()
+    assert gpus.annotate(tmp_path, {"jobs": []}, query) == {"jobs": []}
+    assert all(process.wait(timeout=2) == -signal.SIGKILL for process in query.started)
+    assert "end" not in calls.read_text()
+
+
+def _lines_when(path: Path, count: int, timeout: float = 10) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while not path.exists() or len(path.read_text().splitlines()) < count:
+        assert time.monotonic() < deadline, f"{path} never had {count} lines"
+        time.sleep(0.01)
+    return path.read_text().splitlines()
 
 
 def test_without_nvidia_smi_there_is_no_gpu_key_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

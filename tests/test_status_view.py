@@ -204,3 +204,10 @@ def test_a_waiting_job_blocked_behind_a_failure_says_so() -> None:
     view = status_view.View(NOW, None)
     assert status_view.message(blocked, view).plain == "blocked: A1/prep did not succeed"
     assert status_view.message(gpu, view).plain == "waits for the GPU (B5/extract)"
+
+
+def test_values_are_shown_as_they_are_never_read_as_markup() -> None:
+    status = {"now": NOW, "current_release": None, "jobs": [
+        job(skipped=3, skip_reasons={"[bold]not text[/bold]": 3}, message="kept [red]2[/red] rows")]}
+    shown = render(status, width=200)
+    assert "3 ([bold]not text[/bold])" in shown and "kept [red]2[/red] rows" in shown
