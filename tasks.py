@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from invoke import Collection, Context, Exit
 
-from local import control, evaluation
+from local import control
 from local.cli import console, inventory_name, task
 from local.fleet import fleet
 from local.inventory_cache import load
@@ -137,6 +137,8 @@ def check(c: Context, inventory: str | None = None) -> None:
 @task(name="eval", help={"inventory": INVENTORY, "json": "print the report as JSON (baseline, configs, best, warnings)"})
 def evaluate(c: Context, inventory: str | None = None, json: bool = False) -> None:
     """Serve the target with SGLang without and with the draft per grid setting: accept length, speed-up, best flags."""
+    from local import evaluation
+
     with fleet(inventory_name(c, inventory)) as hosts:
         evaluation.run(hosts.single, console(), as_json=json)
 

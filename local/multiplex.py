@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -52,6 +51,8 @@ class Multiplexed:
 
     @property
     def shares(self) -> bool:
+        import shutil  # here: a command on an open connection needs no search of PATH
+
         return self.host.control_persist > 0 and shutil.which("ssh") is not None
 
     @property
@@ -59,7 +60,8 @@ class Multiplexed:
         return self._direct is not None and self._direct.is_dropped
 
     def run(self, command: str, stdin: bytes | None = None, stream: BinaryIO | None = None) -> Result:
-        if self._direct is None and self.shares and self._master_alive():
+        # A master that answers was started by an `ssh` found on PATH: no need to look again.
+        if self._direct is None and self.host.control_persist > 0 and self._master_alive():
             return self._shared(command, stdin, stream)
         return self._paramiko().run(command, stdin, stream)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,7 +25,7 @@ def write_replacing(path: Path, text: str) -> None:
     """`text` into a name unique to this writer beside `path`, then renamed over it: a reader (or a
     concurrent `inv`) sees the old file or the new one, whole. OSError (read-only, disk full) is raised."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.stem}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    temporary = path.with_name(f".{path.stem}.{os.getpid()}.{os.urandom(8).hex()}.tmp")
     try:
         temporary.write_text(text)
         os.replace(temporary, path)

@@ -230,7 +230,10 @@ def _resume_state(ctx: StageContext, draft, files: list[Path], settings: dict[st
     """The saved training state to go on from (its weights loaded into `draft`), or None."""
     from remote.eagle3 import resume
 
-    data = resume.fingerprint(files, {k: settings.get(k) for k in ("batch_size", "epochs", "max_length", "ttt_steps", "chunk_pass")})
+    fields = {k: settings.get(k) for k in ("batch_size", "epochs", "max_length", "ttt_steps")}
+    if settings.get("chunk_pass"):  # only where the chunked route sends it: other checkpoints keep their fingerprint
+        fields["chunk_pass"] = settings["chunk_pass"]
+    data = resume.fingerprint(files, fields)
     saved = resume.load(ctx.output / "resume", draft)
     if saved is None:
         return resume.TrainState(data=data)
