@@ -210,11 +210,12 @@ def logs(args: dict[str, Any]) -> None:
         sys.stdout.buffer.write(b"".join(lines[-args.get("lines", 50):]))
         sys.stdout.flush()
         while args.get("follow"):
-            chunk = handle.read()
+            ended = JobState(jobs.describe(directory, time.time())["state"]).is_terminal()
+            chunk = handle.read()  # after the state: what the job wrote before it ended is read too
             if chunk:
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
-            elif JobState(jobs.describe(directory, time.time())["state"]).is_terminal():
+            elif ended:
                 return
             else:
                 time.sleep(0.25)

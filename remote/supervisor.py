@@ -200,8 +200,9 @@ class Supervisor:
             ended_at=time.time(),
             message=end_message(ended, exit_code, progress, self.directory / "log", no_space),
         )
-        write_state_last(self.state_path, state)
+        # The log's last line first: `inv logs --follow` ends when it reads the end state, and must have it.
         _log_line(f"{SUPERVISOR_MARK} {ended.value}: exit {exit_code}, {records} records")
+        write_state_last(self.state_path, state)
         return ended
 
 

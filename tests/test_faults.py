@@ -290,3 +290,25 @@ def test_corrupt_job_files_never_take_down_a_deploys_pruning(root: Path) -> None
     (live / "state.json").write_text(json.dumps({"state": "running", "release": "r1"}))
     agent = runpy.run_path(str(REPO / "remote" / "release.py"), run_name="agent")  # run as deploy sends it
     assert agent["in_use"](str(root)) == {"r1"}
+
+
+def test_the_logs_end_line_is_written_before_the_end_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `inv logs --follow` stops at the end state: the log must hold its last line by then.
+    from remote import supervisor
+
+    directory = tmp_path / "jobs" / "A" / "prep"
+    directory.mkdir(parents=True)
+    log = directory / "log"
+    seen_at_end: list[str] = []
+
+    def write_state(path: Path, state: dict[str, Any]) -> None:
+        sys.stdout.flush()
+        seen_at_end.append(log.read_text())
+
+    ran = supervisor.Supervisor(directory)
+    ran.output, ran.run_id = tmp_path / "data", "run-1"
+    with log.open("a") as handle:
+        monkeypatch.setattr(sys, "stdout", handle)  # a supervisor's stdout is its job's log
+        monkeypatch.setattr(supervisor, "write_state_last", write_state)
+        assert ran._finish({"state": "running"}, 0) == JobState.EMPTY  # no progress file: no records
+    assert len(seen_at_end) == 1 and "[aerie] empty: exit 0, 0 records" in seen_at_end[0]
