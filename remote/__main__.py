@@ -201,24 +201,31 @@ def logs(args: dict[str, Any]) -> None:
     path = directory / "log"
     # A Slurm job writes its log only once it leaves the queue: follow waits for it to appear.
     while not path.exists():
-        state = jobs.describe(directory, time.time())["state"]
-        if not args.get("follow") or JobState(state).is_terminal():
-            raise HostError(f"{directory.parent.name}/{directory.name} has no log yet (it is {state})")
+        state = _state(directory)
+        if not args.get("follow") or state.is_terminal():
+            raise HostError(f"{directory.parent.name}/{directory.name} has no log yet (it is {state.value})")
         time.sleep(0.25)
     with open(path, "rb") as handle:
         lines = handle.read().splitlines(keepends=True)
-        sys.stdout.buffer.write(b"".join(lines[-args.get("lines", 50):]))
-        sys.stdout.flush()
+        _write(b"".join(lines[-args.get("lines", 50):]))
         while args.get("follow"):
-            ended = JobState(jobs.describe(directory, time.time())["state"]).is_terminal()
-            chunk = handle.read()  # after the state: what the job wrote before it ended is read too
+            chunk = handle.read()
             if chunk:
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.flush()
-            elif ended:
+                _write(chunk)
+            elif _state(directory).is_terminal():
+                _write(handle.read())  # what the job wrote between that read and its end: its last line
                 return
             else:
                 time.sleep(0.25)
+
+
+def _state(directory: Path) -> JobState:
+    return JobState(jobs.describe(directory, time.time())["state"])
+
+
+def _write(text: bytes) -> None:
+    sys.stdout.buffer.write(text)
+    sys.stdout.flush()
 
 
 def _log_dir(root: Path, dataset: str, stage: str | None) -> Path:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from remote import processes
+from remote.jobs import tail
 
 
 class ServerError(Exception):
@@ -228,15 +229,12 @@ def _reap(pid: int) -> None:
         pass
 
 
-
-
 def _last_line(log_path: Path | None) -> str:
     if log_path is None:
         return "(no log)"
-    try:
-        lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
+    if not log_path.is_file():
         return f"(no log at {log_path})"
+    lines = [line for line in tail(log_path).splitlines() if line.strip()]  # a server's log can be long
     return lines[-1][:300] if lines else f"(empty log {log_path})"
 
 
