@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -16,14 +15,9 @@ from typing import Any, Iterator
 import pytest
 
 from tests.settings import complete
+from tests.sshd import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def build_tiny_model(path: Path) -> Path:
     """The project's tiny random Llama and Kimi-style tokenizer, in one directory `path`."""

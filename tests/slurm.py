@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.processes import descendants, process_name
+from tests.sshd import free_port
 
 ADDRESS = "127.0.0.1"
 START_TIMEOUT_S = 20.0
@@ -272,13 +273,6 @@ def require_slurm() -> None:
 def node_name() -> str:
     """`hostname -s`: the name slurmd looks itself up by in slurm.conf."""
     return socket.gethostname().split(".")[0]
-
-
-def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((ADDRESS, 0))
-        return sock.getsockname()[1]
 
 
 def _which(name: str) -> str:

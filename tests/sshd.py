@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import shlex
 import signal
 import socket
@@ -277,8 +278,23 @@ def login_user() -> tuple[str, Path]:
 
 
 def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A port on 127.0.0.1 that nothing listens on right now, below the kernel's ephemeral range.
+
+    A port from that range (what `bind(0)` gives) can be handed out again to another test's
+    server bound to port 0, or be the local end of a connection, before its user binds it: an
+    eval test whose servers come and go on one port found it taken (CI, 4 workers)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    for port in random.sample(range(10_000, low), min(100, max(0, low - 10_000))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((ADDRESS, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # no room below the range
         sock.bind((ADDRESS, 0))
         return sock.getsockname()[1]
 

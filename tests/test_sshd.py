@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -12,7 +13,7 @@ import paramiko
 import pytest
 from fabric import Config, Connection
 
-from tests.sshd import SshServer
+from tests.sshd import SshServer, free_port
 
 pytestmark = pytest.mark.e2e  # a real sshd: not the unit tier
 
@@ -102,3 +103,12 @@ def test_a_closed_port_is_refused_at_once(sshd: SshServer, free_port: int) -> No
     assert done.returncode == 255
     assert "Connection refused" in done.stderr
     assert time.monotonic() - started < 2
+
+
+def test_free_ports_are_below_the_ephemeral_range_and_free() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(20):
+        port = free_port()
+        assert port < low  # never one that bind(0) could hand another test meanwhile
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
