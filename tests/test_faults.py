@@ -261,6 +261,39 @@ def test_a_launch_of_many_jobs_answers_before_their_supervisors_start_and_all_ru
         jobs.stop(root, f"J{i}", "prep")
 
 
+def test_each_works_every_job_at_once_in_order_and_raises_a_failure_after_the_rest() -> None:
+    import threading
+
+    together = threading.Barrier(8, timeout=10)  # one at a time would never let it pass
+
+    def work(index: int) -> int:
+        if index < 8:
+            together.wait()
+        return index * index
+
+    assert verbs.each(work, list(range(20))) == [i * i for i in range(20)]
+
+    done: list[int] = []
+
+    def fails_once(index: int) -> None:
+        if index == 3:
+            raise OSError("No space left on device")
+        done.append(index)
+
+    with pytest.raises(OSError, match="No space left"):
+        verbs.each(fails_once, list(range(20)))
+    assert sorted(done) == [i for i in range(20) if i != 3]  # one job's failure never skips another's
+    assert verbs.each(fails_once, []) == []
+
+
+def test_the_host_s_launch_loads_no_thread_pool() -> None:
+    # concurrent.futures (and the logging it imports) took longer to import than 40 jobs took to record.
+    probe = ("import sys; from remote import __main__ as verbs; print(verbs.each(abs, [-1, -2]), "
+             "sorted(m for m in ('concurrent.futures', 'logging') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-S", "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[1, 2] []"
+
+
 @E2E
 def test_a_job_whose_starter_died_before_starting_it_is_died_and_can_be_rerun(root: Path) -> None:
     gone = subprocess.Popen(["true"])
