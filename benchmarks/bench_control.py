@@ -154,11 +154,14 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
     bench.inv("deploy")
 
     def all_ended() -> None:
-        wait_for(lambda: all(j["state"] == "succeeded" for j in bench.poll().values()), 120, "40 jobs to finish")
+        def ended() -> bool:
+            jobs = bench.poll()
+            return len(jobs) == JOBS and all(j["state"] == "succeeded" for j in jobs.values())
+
+        wait_for(ended, 120, "40 jobs to finish")
 
     launch_commands = once(bench, lambda h: h.call("launch", specs=_specs(bench)))
-    wait_for(lambda: all(j["state"] == "succeeded" for j in bench.poll().values()) and len(bench.poll()) == JOBS,
-             120, "40 jobs to finish")
+    all_ended()
     launch = median_seconds(lambda: once(bench, lambda h: h.call("launch", specs=_specs(bench))), 1)
     all_ended()  # 40 jobs starting on the host's one CPU would slow every command timed now
     status_commands = once(bench, lambda h: h.call("status"))
