@@ -22,6 +22,7 @@ from remote import eta, gpus
 from remote.prep.count import estimate_rows
 from remote.prep.load import Source
 from remote.progress import Progress
+from tests.harness import wait_for
 
 STAND_IN = """#!/bin/sh
 # A stand-in for nvidia-smi: the two queries aerie makes, answered from fixed CSV.
@@ -96,7 +97,8 @@ def test_both_queries_run_at_once_started_before_the_jobs_are_read(stand_in_nvid
     calls = slow_nvidia_smi(stand_in_nvidia_smi, 0.5)
     query = gpus.Query()
     # What `status` does meanwhile: the queries are under way before the jobs are read.
-    assert [line.split()[0] for line in _lines_when(calls, 2)] == ["start", "start"]
+    wait_for(lambda: calls.exists() and len(calls.read_text().splitlines()) >= 2, 10, "two queries to start")
+    assert [line.split()[0] for line in calls.read_text().splitlines()[:2]] == ["start", "start"]
     status = gpus.annotate(tmp_path, {"jobs": []}, query)
     assert status["gpus"][0]["uuid"] == "GPU-aaa"
     assert sorted(calls.read_text().split()[::2]) == ["end", "end", "start", "start"]
@@ -110,14 +112,6 @@ def test_a_wedged_driver_gives_no_gpus_and_its_queries_are_killed(stand_in_nvidi
     assert gpus.annotate(tmp_path, {"jobs": []}, query) == {"jobs": []}
     assert all(process.wait(timeout=2) == -signal.SIGKILL for process in query.started)
     assert "end" not in calls.read_text()
-
-
-def _lines_when(path: Path, count: int, timeout: float = 10) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while not path.exists() or len(path.read_text().splitlines()) < count:
-        assert time.monotonic() < deadline, f"{path} never had {count} lines"
-        time.sleep(0.01)
-    return path.read_text().splitlines()
 
 
 def test_without_nvidia_smi_there_is_no_gpu_key_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
