@@ -10,10 +10,12 @@ from __future__ import annotations
 from invoke import Collection, Context, Exit
 
 from local import control
-from local.cli import console, inventory_name, task
+from local.cli import console, exit_without_collecting, inventory_name, task
 from local.fleet import fleet
 from local.inventory_cache import load
 from local.status_data import any_bad
+
+exit_without_collecting()  # a command ends about 80 ms sooner (see there)
 
 INVENTORY = "inventory NAME (inventories/NAME.yaml) or a path; default: config key `inventory`"
 DATASET = "comma-separated dataset names; default: all of the inventory's"
