@@ -208,6 +208,7 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
     rsync_one = median_seconds(rsync_change, repeat)
     # Last: it points the inventory at the link.
     links = {f"rtt_{rtt * 1000:g}ms": over_link(bench, work, rtt, repeat, all_ended) for rtt in LINK_RTTS}
+    all_ended()  # the last launch's jobs write under the scratch directory, which is removed next
     return {
         "ssh_true_s": ssh_true,
         "status_40_jobs": {"remote_commands": status_commands, "seconds": status, "ratio_to_ssh_true": status / ssh_true,

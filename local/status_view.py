@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
@@ -239,14 +240,21 @@ class StatusView:
             table = Table(title=self.title, title_justify="left")
         else:
             table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        for column in columns:
-            table.add_column(column.header, justify=column.justify,  # type: ignore[arg-type]
-                             no_wrap=column.header != COLUMNS[-1].header, overflow="ellipsis")
-        for job in jobs:
-            table.add_row(*(_text(column.cell(job, view)) for column in columns))
+        rows = [[_text(column.cell(job, view)) for column in columns] for job in jobs]
         for host in self.status.get("unreachable", []):
-            blank = [""] * (len(columns) - 3)
-            table.add_row(host["host"], "*", Text(UNREACHABLE, "bold red"), *blank[:-1], Text(host["message"], "red"))
+            blank = [Text("")] * (len(columns) - 3)
+            rows.append([Text(host["host"]), Text("*"), Text(UNREACHABLE, "bold red"), *blank[:-1],
+                         Text(host["message"], "red")])
+        for index, column in enumerate(columns):
+            wraps = column.header == COLUMNS[-1].header
+            # NOTE: a one-line cell that never wraps is as wide as its text: given here, rich skips
+            # measuring every cell of the column, a fifth of drawing 40 rows. It still narrows the
+            # column to fit the terminal.
+            width = None if wraps else max(cell_len(text) for text in [column.header, *(r[index].plain for r in rows)])
+            table.add_column(column.header, justify=column.justify,  # type: ignore[arg-type]
+                             no_wrap=not wraps, overflow="ellipsis", width=width)
+        for row in rows:
+            table.add_row(*row)
         return table
 
 

@@ -211,3 +211,22 @@ def test_values_are_shown_as_they_are_never_read_as_markup() -> None:
         job(skipped=3, skip_reasons={"[bold]not text[/bold]": 3}, message="kept [red]2[/red] rows")]}
     shown = render(status, width=200)
     assert "3 ([bold]not text[/bold])" in shown and "kept [red]2[/red] rows" in shown
+
+
+def test_the_column_widths_given_to_rich_are_the_ones_it_would_measure_at_any_terminal_width(monkeypatch) -> None:  # noqa: ANN001
+    # status_view gives rich the width of each column that never wraps, so that rich does not measure every
+    # cell again (a fifth of drawing 40 rows): the table must come out as rich alone would lay it out.
+    status = {"now": NOW, "current_release": {"g1": "20261129-111111-bbbb2222", "東京-2": "20261129-111111-bbbb2222"},
+              "jobs": [job(host="g1", records=2500, skip_reasons={"no assistant turn": 7}, skipped=7, message="step 3"),
+                       job(host="東京-2", dataset="B5", state="failed", exit_code=1, ended_at=NOW - 40,
+                           message="exit 1: ValueError: 行が長すぎます " * 3)],
+              "unreachable": [{"host": "g3", "message": "no SSH answer within 10 s: is the host up? " * 2}]}
+    given = [render(status, width) for width in (200, 120, 80, 50)] + [render(status, 80, 9, fit=True)]
+
+    class Measuring(status_view.Table):  # rich measuring every cell itself
+        def add_column(self, *args, width=None, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+            super().add_column(*args, **kwargs)
+
+    monkeypatch.setattr(status_view, "Table", Measuring)
+    assert given == [render(status, width) for width in (200, 120, 80, 50)] + [render(status, 80, 9, fit=True)]
+    assert "東京-2" in given[0] and "unreachable" in given[0]
