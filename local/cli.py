@@ -41,7 +41,7 @@ def exit_without_collecting() -> None:
     """Let the process end without Python's last garbage collections.
 
     At exit the interpreter collects garbage several times over, each time walking every
-    object the imports made (Invoke, rich, paramiko: about 30,000). That is about 80 ms,
+    object the imports made (Invoke, rich, paramiko: about 27,000). That is about 80 ms,
     a sixth of an `inv status`. Frozen objects are not walked. Frozen cyclic garbage is
     then left for the OS to reclaim with the process. Nothing of aerie's waits on a
     collector: files are closed by `with`, connections by `local.connections` at exit,
