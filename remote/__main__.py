@@ -100,9 +100,8 @@ def submit_in_order(root: Path, specs: list[dict[str, Any]], only: set[JobState]
 def _queued_id(root: Path, key: str) -> str | None:
     directory = root / "jobs" / key
     try:
-        job = JobStore(root).read(directory)
+        job, reading = jobs.read(JobStore(root).read(directory), time.time())
         executor = executors.of(job.state) if job.state else None
-        reading = jobs.read(job, time.time()) if executor else None
     except (BrokenJob, HostError):
         return None
     if executor and reading and executor.is_active(job.state, reading.state):

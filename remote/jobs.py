@@ -50,8 +50,27 @@ def last_line(log: Path, limit: int = 160) -> str:
 # -- reading -----------------------------------------------------------------
 
 
-def read(job: Job, now: float, views: dict[str, Any] | None = None) -> executors.Reading:
-    """The job's state now, from its record and its executor's view (`views`: by executor name)."""
+def read(job: Job, now: float, views: dict[str, Any] | None = None) -> tuple[Job, executors.Reading]:
+    """The job's state now, from its record and its executor's view (`views`: by executor name), and
+    the job as last read.
+
+    Where the executor says the job has ended but the record does not, the record is read again. A
+    supervisor records the end and then exits, so a record read before its exit and a check made
+    after it would call a job that has just ended `died` (Slurm: "without the supervisor's record"),
+    and `rerun --failed` or the pipeline runner would act on that. A read after the check sees the end.
+    """
+    for _ in range(3):  # a job handed on (starter → supervisor) may end between two reads as well
+        reading = _reading(job, now, views)
+        if not (reading.state.is_terminal() and job.state and not JobState(job.state["state"]).is_terminal()):
+            break
+        again = JobStore(job.directory.parents[2]).read(job.directory)
+        if again.state == job.state:
+            break
+        job = again
+    return job, reading
+
+
+def _reading(job: Job, now: float, views: dict[str, Any] | None) -> executors.Reading:
     if not job.state:
         return executors.Reading(JobState.BROKEN, "state.json is empty")
     executor = executors.of(job.state)
@@ -61,8 +80,7 @@ def read(job: Job, now: float, views: dict[str, Any] | None = None) -> executors
 def describe(directory: Path, now: float, views: dict[str, Any] | None = None, job: Job | None = None) -> dict[str, Any]:
     """One job as the workstation shows it; a job that cannot be read is `broken`, with the reason."""
     try:
-        job = job or JobStore(directory.parents[2]).read(directory)
-        reading = read(job, now, views)
+        job, reading = read(job or JobStore(directory.parents[2]).read(directory), now, views)
     except (BrokenJob, HostError, ValueError, KeyError, TypeError, OSError) as exc:
         return broken(directory, str(exc) if isinstance(exc, (BrokenJob, HostError)) else f"{type(exc).__name__}: {exc}")
     return {**_job_fields(job, reading), **reading.fields}
@@ -211,8 +229,8 @@ def _refusal(directory: Path, spec: dict[str, Any], only: set[JobState] | None, 
     """Why the job must not start now (under its lock), or None after ending what must end first."""
     # NOTE: decided under the lock: a concurrent rerun may have just relaunched it.
     try:
-        job = JobStore(directory.parents[2]).read(directory)
-        reading = read(job, time.time()) if job.state else None
+        job, reading = read(JobStore(directory.parents[2]).read(directory), time.time())
+        reading = reading if job.state else None
     except BrokenJob:
         job, reading = None, executors.Reading(JobState.BROKEN)
     now_state = reading.state if reading else None
@@ -247,8 +265,8 @@ def stop(root: Path, dataset: str, stage: str) -> dict[str, Any]:
             return {**result, "reason": f"broken: {exc}"}
         if not job.state:
             return result
-        executor = executors.of(job.state)
-        now_state = read(job, time.time()).state
+        job, reading = read(job, time.time())
+        executor, now_state = executors.of(job.state), reading.state
         if executor.is_active(job.state, now_state):
             executor.cancel(job.state)
         elif not (now_state == JobState.DIED and executor.cancel(job.state)):  # a killed supervisor's stage

@@ -345,3 +345,43 @@ def test_the_logs_end_line_is_written_before_the_end_state(tmp_path: Path, monke
         monkeypatch.setattr(supervisor, "write_state_last", write_state)
         assert ran._finish({"state": "running"}, 0) == JobState.EMPTY  # no progress file: no records
     assert len(seen_at_end) == 1 and "[aerie] empty: exit 0, 0 records" in seen_at_end[0]
+
+
+def _ended_between_read_and_check(root: Path, running: dict[str, Any], ended: dict[str, Any]) -> tuple[Path, Any]:
+    """A job read while running, whose supervisor then recorded its end (`ended`) and exited: the
+    record on disk is the final one, the one in hand is not."""
+    directory = root / "jobs" / "A" / "prep"
+    directory.mkdir(parents=True)
+    (directory / "state.json").write_text(json.dumps(running))
+    read_first = jobs.JobStore(root).read(directory)
+    (directory / "state.json").write_text(json.dumps(ended))
+    return directory, read_first
+
+
+def test_a_job_that_ends_between_status_s_read_and_its_liveness_check_is_not_called_died(root: Path) -> None:
+    # Seen in CI on Slurm: `bad/prep` failed with exit code None, "without the supervisor's record". On one
+    # host the same interleaving read `died`, which `rerun --failed` relaunches and `inv run` blocks on.
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    base = {"dataset": "A", "stage": "prep", "executor": "process", "pid": gone.pid, "pgid": gone.pid,
+            "pid_start": "1", "started_at": 1.0, "stall_after": 600}
+    directory, read_first = _ended_between_read_and_check(
+        root, {**base, "state": "running"}, {**base, "state": "failed", "exit_code": 3, "ended_at": 2.0})
+    shown = jobs.describe(directory, 3.0, job=read_first)
+    assert (shown["state"], shown["exit_code"]) == ("failed", 3)
+    again, reading = jobs.read(read_first, 3.0)
+    assert (reading.state, again.state["exit_code"]) == (JobState.FAILED, 3)
+
+
+def test_a_slurm_job_that_ends_between_status_s_read_and_slurm_s_answer_keeps_its_record(root: Path) -> None:
+    from remote.slurm import SlurmJob
+
+    base = {"dataset": "A", "stage": "prep", "executor": "slurm", "slurm_job_id": "7", "started_at": 1.0,
+            "stall_after": 600}
+    directory, read_first = _ended_between_read_and_check(
+        root, {**base, "state": "running"}, {**base, "state": "failed", "exit_code": 3, "ended_at": 2.0,
+                                               "message": "scripted failure for A"})
+    views = {"slurm": {"7": SlurmJob("7", "FAILED", node="n1", exit_code=3, source="jobcomp")}}
+    shown = jobs.describe(directory, 3.0, views, job=read_first)
+    assert (shown["state"], shown["exit_code"]) == ("failed", 3)
+    assert "without the supervisor's record" not in shown["message"]

@@ -70,7 +70,8 @@ def test_later_commands_ride_the_first_ones_connection_without_a_handshake_or_pa
     assert logged.kill_connections() >= 1
     again = bench.inv("status")
     assert "succeeded" in again.stdout
-    assert accepted(logged) == before + 2  # paramiko's connection and the new shared one
+    # paramiko's connection and the new shared one; the master is started beside the command and not
+    # waited for, so it may connect after the command has ended (CI: 3 == 2 + 2 when asserted at once).
     wait_for(lambda: accepted(logged) == before + 2 and socket.exists(), 20, "the new shared connection")
     bench.inv("status")
     assert accepted(logged) == before + 2
