@@ -20,6 +20,9 @@ NOT_DEPLOYED = 90  # the exit code of the guard in front of every job command
 #: Jobs they start are new interpreters with their site.
 BARE_VERBS = frozenset({"status", "launch", "run", "rerun", "stop", "logs", "eval_report"})
 RELEASE_AGENT = (REPO / "remote" / "release.py").read_text()
+#: Longer JSON arguments go on stdin: Linux refuses one argument over 128 KiB (MAX_ARG_STRLEN), which
+#: the specs of a launch of about 120 jobs reach.
+INLINE_ARGS = 64 * 1024
 
 
 class RemoteHost:
@@ -36,11 +39,18 @@ class RemoteHost:
         return self.inventory.host.address or "localhost"
 
     def command(self, verb: str, args: dict[str, Any]) -> str:
+        return self._invocation(verb, args)[0]
+
+    def _invocation(self, verb: str, args: dict[str, Any]) -> tuple[str, bytes | None]:
+        """The shell command that runs `verb`, and its stdin: the JSON arguments, unless short enough
+        to be the command's last argument (`-` then reads them from stdin)."""
         current = shlex.quote(f"{self.root}/current")
-        payload = shlex.quote(json.dumps({"root": self.root, **args}))
+        payload = json.dumps({"root": self.root, **args})
+        inline = len(payload) <= INLINE_ARGS
         return (f"[ -d {current} ] || exit {NOT_DEPLOYED}; cd {current} && "
                 f"{self._env()}PYTHONPATH=.${{PYTHONPATH:+:$PYTHONPATH}} exec {shlex.quote(self.python)}"
-                f"{' -S' if verb in BARE_VERBS else ''} -m remote {verb} {payload}")
+                f"{' -S' if verb in BARE_VERBS else ''} -m remote {verb} {shlex.quote(payload) if inline else '-'}",
+                None if inline else payload.encode())
 
     def _env(self) -> str:
         """`host.env` as shell assignments: values quoted, names checked (the inventory refuses bad ones first)."""
@@ -58,7 +68,7 @@ class RemoteHost:
 
     def call(self, verb: str, **args: Any) -> Any:
         """One remote command; its payload, or an `AerieError` with the host's reason."""
-        return self._answer(self.transport.run(self.command(verb, args)), verb)
+        return self._answer(self.transport.run(*self._invocation(verb, args)), verb)
 
     def stream(self, verb: str, out: BinaryIO, **args: Any) -> None:
         """A command whose stdout is text for the user (`logs`)."""

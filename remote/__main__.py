@@ -317,7 +317,8 @@ VERBS: dict[str, Callable[[dict[str, Any]], Any]] = {
 
 
 def main(argv: list[str]) -> int:
-    verb, args = argv[0], json.loads(argv[1]) if len(argv) > 1 else {}
+    verb, given = argv[0], argv[1] if len(argv) > 1 else "{}"
+    args = json.loads(sys.stdin.read() if given == "-" else given)  # "-": too long for one argument
     if verb not in VERBS:
         emit({"error": f"unknown verb {verb!r}: expected one of {', '.join(VERBS)}"})
         return 2

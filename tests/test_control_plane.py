@@ -6,6 +6,7 @@ test sshd). Stages are tests/stages/scripted.py, an ordinary stage command.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -220,8 +221,6 @@ def test_kill_9_of_the_supervisor_or_the_stage_is_died(bench: Bench) -> None:
 
 
 def _pid(bench: Bench, dataset: str) -> int:
-    import json
-
     return json.loads((bench.job_dir(dataset) / "state.json").read_text())["pid"]
 
 
@@ -353,3 +352,27 @@ def test_status_watch_refreshes_until_interrupted(bench: Bench) -> None:
     out, err = "".join(frames), watcher.stderr.read()
     assert "Traceback" not in err
     assert "succeeded" in out.splitlines()[-2]  # the last frame shows the end, not the first fetch
+
+
+def test_arguments_too_long_for_one_command_line_argument_travel_on_stdin(bench: Bench) -> None:
+    # Linux refuses one argument over 128 KiB (MAX_ARG_STRLEN): the specs of a launch of about 120 jobs.
+    if bench.slurm:
+        pytest.skip("the transport is SSH's, tested here; on Slurm each refused copy would query squeue")
+    from local import jobs
+    from local.host import RemoteHost
+    from local.inventory import load
+
+    bench.scripted({"A": "records=1"})
+    bench.inv("deploy")
+    inventory = load(str(bench.checkout / "inventories" / "test.yaml"))
+    specs = jobs.specs(inventory, "prep", None) * 200  # one job, 200 times: started once, refused 199 times
+    host = RemoteHost(inventory)
+    try:
+        results = host.call("launch", specs=specs)
+    finally:
+        host.close()
+    assert len(json.dumps(specs)) > 128 * 1024
+    launched = [r for r in results if r["launched"]]  # whichever of the host's threads took the job's lock first
+    assert len(results) == 200 and len(launched) == 1
+    assert all(r["reason"].startswith("already running") for r in results if not r["launched"])
+    assert bench.wait_state("A/prep", {"succeeded"})["records"] == 1
