@@ -72,7 +72,7 @@ class RemoteHost:
 
     def stream(self, verb: str, out: BinaryIO, **args: Any) -> None:
         """A command whose stdout is text for the user (`logs`)."""
-        result = self.transport.run(self.command(verb, args), stream=out)
+        result = self.transport.run(*self._invocation(verb, args), stream=out)
         if not result.ok:
             self._refuse(result, verb)
 

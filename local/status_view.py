@@ -242,9 +242,9 @@ class StatusView:
             table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         rows = [[_text(column.cell(job, view)) for column in columns] for job in jobs]
         for host in self.status.get("unreachable", []):
-            blank = [Text("")] * (len(columns) - 3)
-            rows.append([Text(host["host"]), Text("*"), Text(UNREACHABLE, "bold red"), *blank[:-1],
-                         Text(host["message"], "red")])
+            blank = [""] * (len(columns) - 3)
+            rows.append([_text(cell) for cell in (host["host"], "*", Text(UNREACHABLE, "bold red"), *blank[:-1],
+                                                  Text(host["message"], "red"))])
         for index, column in enumerate(columns):
             wraps = column.header == COLUMNS[-1].header
             # NOTE: a one-line cell that never wraps is as wide as its text: given here, rich skips

@@ -104,7 +104,7 @@ def _queued_id(root: Path, key: str) -> str | None:
         executor = executors.of(job.state) if job.state else None
     except (BrokenJob, HostError):
         return None
-    if executor and reading and executor.is_active(job.state, reading.state):
+    if executor and executor.is_active(job.state, reading.state):
         return executor.queue_id(job.state)
     return None
 

@@ -6,6 +6,7 @@ test sshd). Stages are tests/stages/scripted.py, an ordinary stage command.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -366,13 +367,16 @@ def test_arguments_too_long_for_one_command_line_argument_travel_on_stdin(bench:
     bench.inv("deploy")
     inventory = load(str(bench.checkout / "inventories" / "test.yaml"))
     specs = jobs.specs(inventory, "prep", None) * 200  # one job, 200 times: started once, refused 199 times
-    host = RemoteHost(inventory)
+    host, log = RemoteHost(inventory), io.BytesIO()
     try:
         results = host.call("launch", specs=specs)
+        bench.wait_state("A/prep", {"succeeded"})
+        host.stream("logs", log, dataset="A", stage="prep", unread=specs)  # a streamed verb's arguments too
     finally:
         host.close()
     assert len(json.dumps(specs)) > 128 * 1024
     launched = [r for r in results if r["launched"]]  # whichever of the host's threads took the job's lock first
     assert len(results) == 200 and len(launched) == 1
     assert all(r["reason"].startswith("already running") for r in results if not r["launched"])
-    assert bench.wait_state("A/prep", {"succeeded"})["records"] == 1
+    assert bench.status()["A/prep"]["records"] == 1
+    assert b"record 1" in log.getvalue()
