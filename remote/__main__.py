@@ -12,12 +12,15 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
 
 from remote import eta, executors, gpus, jobs
 from remote.states import BAD, JobState
 from remote.store import BrokenJob, HostError, JobStore
 from remote.wire import emit
+
+TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 
 def status(args: dict[str, Any]) -> Any:

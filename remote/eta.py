@@ -17,9 +17,12 @@ job store itself needs no change (`annotate` is called by the status verb).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from remote.progress import read_mapping
+
+TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
+if TYPE_CHECKING:
+    from typing import Any
 
 RUNNER = ("pipeline", "run")
 

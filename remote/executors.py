@@ -12,12 +12,15 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Protocol
 
 from remote import processes
 from remote.store import HostError
 from remote.progress import write_json_atomic
 from remote.states import JobState
+
+TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class Reading:
@@ -34,7 +37,10 @@ class Reading:
         self.state, self.message, self.fields, self.blocked_by = state, message, fields or {}, blocked_by
 
 
-class Executor(Protocol):
+class Executor:
+    """The interface every executor has; the job's state names its executor (`of`)."""
+
+    # NOTE: a base class, not a typing.Protocol: `status` and `launch` then never import typing.
     name: str
     queues: bool
     """Whether jobs wait for the jobs they need in the executor's own queue (else the runner waits)."""
@@ -43,21 +49,28 @@ class Executor(Protocol):
 
     def submit(self, directory: Path, spec: dict[str, Any], release: Path, after: list[str]) -> dict[str, Any]:
         """Start (or queue) the job; the launch result's fields (`where`, and `pid` or `slurm_job_id`)."""
+        raise NotImplementedError
 
     def batch_view(self, states: list[dict[str, Any]]) -> Any:
         """What the executor knows about all these jobs at once (one query), for `read`."""
+        raise NotImplementedError
 
-    def read(self, state: dict[str, Any], progress: dict[str, Any], now: float, view: Any) -> Reading: ...
+    def read(self, state: dict[str, Any], progress: dict[str, Any], now: float, view: Any) -> Reading:
+        raise NotImplementedError
 
-    def is_active(self, state: dict[str, Any], reading: JobState | None) -> bool: ...
+    def is_active(self, state: dict[str, Any], reading: JobState | None) -> bool:
+        raise NotImplementedError
 
     def cancel(self, state: dict[str, Any]) -> bool:
         """End the job and whatever it left running; whether there was anything to end."""
+        raise NotImplementedError
 
     def queue_id(self, state: dict[str, Any]) -> str | None:
         """The id a dependent job waits on, where the executor queues jobs (Slurm); None here."""
+        raise NotImplementedError
 
-    def who(self, state: dict[str, Any]) -> str: ...
+    def who(self, state: dict[str, Any]) -> str:
+        raise NotImplementedError
 
 
 def base_message(state: dict[str, Any], progress: dict[str, Any]) -> str:
@@ -71,7 +84,7 @@ def quiet_for(state: dict[str, Any], progress: dict[str, Any], now: float) -> fl
     return quiet if quiet > state["stall_after"] else None
 
 
-class ProcessExecutor:
+class ProcessExecutor(Executor):
     """A supervisor in a session of its own on this host; its pid is the job's process group."""
 
     name = "process"
@@ -153,7 +166,7 @@ class ProcessExecutor:
         return f"pid {state.get('pid')}"
 
 
-class SlurmExecutor:
+class SlurmExecutor(Executor):
     """`sbatch` of the same supervisor; Slurm's own view (one `squeue` for all jobs) corrects the record."""
 
     name = "slurm"

@@ -16,12 +16,13 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from remote.progress import read_json
 
+TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:
     import subprocess
+    from typing import Any
 
 TIMEOUT = 5.0  # seconds: a wedged driver must not hang `inv status`
 GPU_QUERY = "--query-gpu=index,uuid,utilization.gpu,memory.used,memory.total"

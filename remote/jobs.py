@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
 
 from remote import executors, processes
 from remote.store import BrokenJob, HostError, Job, JobStore
 from remote.states import JobState
+
+TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 HEARTBEAT_SECONDS = 5.0
 SUPERVISOR_MARK = "[aerie]"  # the supervisor's own lines in a job's log

@@ -13,7 +13,10 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable
+
+TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 PR_SET_PDEATHSIG = 1
 

@@ -30,7 +30,10 @@ import os
 import time
 from collections import Counter, deque
 from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
+if TYPE_CHECKING:
+    from typing import Any
 
 PROGRESS_ENV = "AERIE_PROGRESS"
 #: Seconds of progress behind `rate`: recent enough to follow a change of speed.

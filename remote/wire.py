@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, TextIO
+
+TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
 OPEN, CLOSE = "<aerie-payload>", "</aerie-payload>"
 

@@ -21,6 +21,7 @@ import pytest
 from remote import __main__ as verbs
 from remote import jobs
 from remote.states import JobState
+from remote.store import JobStore
 from tests.harness import REPO, SCRIPTED, wait_for
 
 #: Tests that start real supervisors and stages (seconds each): the end-to-end tier.
@@ -286,12 +287,32 @@ def test_each_works_every_job_at_once_in_order_and_raises_a_failure_after_the_re
     assert verbs.each(fails_once, []) == []
 
 
-def test_the_host_s_launch_loads_no_thread_pool() -> None:
-    # concurrent.futures (and the logging it imports) took longer to import than 40 jobs took to record.
+def test_the_host_s_status_and_launch_load_only_what_they_use(tmp_path: Path) -> None:
+    # Every `inv status` and `inv launch` starts Python on the host. concurrent.futures (with the logging
+    # it imports) took longer to import than 40 jobs took to record; typing is a tenth of the host's
+    # status; a dataclass would bring inspect.
     probe = ("import sys; from remote import __main__ as verbs; print(verbs.each(abs, [-1, -2]), "
-             "sorted(m for m in ('concurrent.futures', 'logging') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-S", "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[1, 2] []"
+             "verbs.status({'root': sys.argv[1]})['jobs'], "
+             "sorted(m for m in ('concurrent.futures', 'logging', 'typing', 'inspect', 'dataclasses') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-S", "-c", probe, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[1, 2] [] []"
+
+
+def test_a_relaunch_of_the_same_spec_leaves_its_file_as_it_is_and_a_new_spec_replaces_it(tmp_path: Path) -> None:
+    store, directory = JobStore(tmp_path), tmp_path / "jobs" / "A" / "prep"
+    directory.mkdir(parents=True)
+    first = spec("A", "records=1")
+    store.prepare(directory, first)
+    written = (directory / "spec.json").stat()
+    store.prepare(directory, json.loads(json.dumps(first)))  # as it comes back from the workstation
+    assert (directory / "spec.json").stat().st_ino == written.st_ino
+    changed = spec("A", "records=2")
+    store.prepare(directory, changed)
+    assert (directory / "spec.json").stat().st_ino != written.st_ino and store.spec(directory) == changed
+    (directory / "spec.json").write_bytes(b"\xff{")  # a torn or foreign file is replaced, never kept
+    store.prepare(directory, changed)
+    assert store.spec(directory) == changed
 
 
 @E2E
