@@ -289,7 +289,7 @@ def test_each_works_every_job_at_once_in_order_and_raises_a_failure_after_the_re
 
 def test_the_host_s_status_and_launch_load_only_what_they_use(tmp_path: Path) -> None:
     # Every `inv status` and `inv launch` starts Python on the host. concurrent.futures (with the logging
-    # it imports) took longer to import than 40 jobs took to record; typing is a tenth of the host's
+    # it imports) took longer to import than 40 jobs took to record; typing is 5-10% of the host's
     # status; a dataclass would bring inspect.
     probe = ("import sys; from remote import __main__ as verbs; print(verbs.each(abs, [-1, -2]), "
              "verbs.status({'root': sys.argv[1]})['jobs'], "
