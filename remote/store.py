@@ -22,7 +22,7 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 
-from remote.progress import write_json_atomic
+from remote.progress import read_mapping, write_json_atomic
 from remote.states import JobState
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
@@ -106,18 +106,11 @@ class JobStore:
                 shutil.rmtree(directory / name)
         # NOTE: a relaunch of the same spec leaves the file as it is: replacing a file is a journal
         # write (0.1-0.5 ms on ext4), about a fifth of recording a job's launch.
-        if not self._holds(directory / SPEC, spec):
+        if read_mapping(directory / SPEC) != spec:  # absent, torn or foreign: {}, never a spec
             write_json_atomic(directory / SPEC, spec)
         (directory / PROGRESS).unlink(missing_ok=True)
         if (directory / LOG).exists():
             (directory / LOG).replace(directory / f"{LOG}.1")
-
-    @staticmethod
-    def _holds(path: Path, value: dict[str, Any]) -> bool:
-        try:
-            return read_object(path) == value
-        except BrokenJob:
-            return False
 
 
 def read_object(path: Path) -> dict[str, Any]:
