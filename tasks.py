@@ -75,13 +75,14 @@ def rerun(c: Context, failed: bool = True, dataset: str | None = None, stage: st
 
 @task(help={"dataset": "the dataset whose log to show", "stage": "its stage; default: the latest started",
             "n": "how many lines of the end to show", "follow": "keep printing until the job ends",
+            "raw": "pass the log's bytes through as they are, escape sequences too (default: shown as ␛[...)",
             "inventory": INVENTORY})
-def logs(c: Context, dataset: str, stage: str | None = None, n: str = "50", follow: bool = False,
+def logs(c: Context, dataset: str, stage: str | None = None, n: str = "50", follow: bool = False, raw: bool = False,
          inventory: str | None = None) -> None:
-    """Print the end of a job's log, or follow it."""
+    """Print the end of a job's log, or follow it; control characters shown unless --raw."""
     lines = control.number(n, "-n", int)
     with fleet(inventory_name(c, inventory)) as hosts:
-        control.logs(hosts.host_of(dataset), dataset, stage, lines, follow)
+        control.logs(hosts.host_of(dataset), dataset, stage, lines, follow, raw=raw)
 
 
 @task(help={"dataset": "comma-separated dataset names (or --all)", "all": "stop every job",

@@ -14,6 +14,7 @@ import invoke
 from invoke import Context, Exit
 
 from local.errors import AerieError
+from local.visible import visible
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -27,8 +28,8 @@ def task(*args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], invoke.Tas
         def run(c: Context, *a: Any, **kw: Any) -> Any:
             try:
                 return body(c, *a, **kw)
-            except AerieError as exc:
-                raise Exit(f"aerie: {exc}", code=2) from None
+            except AerieError as exc:  # its text may quote the host or the data: shown, never obeyed
+                raise Exit(f"aerie: {visible(str(exc))}", code=2) from None
 
         return invoke.task(**kwargs)(run)
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from local import jobs, pipeline, status_data
 from local.errors import AerieError
 from local.host import RemoteHost
+from local.visible import VisibleStream, visible
 from remote.states import BAD, JobState
 
 if TYPE_CHECKING:  # rich is imported where a table or a live view is drawn: not for a deploy that sends nothing
@@ -51,19 +52,19 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | N
     deploying.check_sources(paths=plan.send)
     where = f"{host.name}:{host.root}"
     if plan.is_noop:
-        console.print(f"Nothing to deploy: {where} runs release {plan.base}, identical to this checkout.")
+        console.print(f"Nothing to deploy: {where} runs release {visible(str(plan.base))}, identical to this checkout.")
         return plan.base
     listed = [(label, path, style) for label, paths, style in
               (("add", plan.added, "green"), ("change", plan.changed, "yellow"), ("remove", plan.removed, "red"))
               for path in paths]
     shown = listed if dry_run else listed[:LISTED]
-    for label, path, style in shown:
-        console.print(f"  [{style}]{label:<6}[/] {path}")
+    for label, path, style in shown:  # a removed path is the host's manifest's: shown, never read as markup
+        console.print(_line((f"  {label:<6}", style), f" {visible(path)}"))
     if len(shown) < len(listed):
         console.print(f"  ... and {len(listed) - len(shown)} more (`inv deploy --dry-run` lists all)")
     summary = f"{len(plan.added)} added, {len(plan.changed)} changed, {len(plan.removed)} removed"
     if dry_run:
-        console.print(f"Dry run: would deploy {summary} to {where} (now {plan.base or 'nothing'}).")
+        console.print(f"Dry run: would deploy {summary} to {where} (now {visible(str(plan.base or 'nothing'))}).")
         return None
     release = deploying.push(host, plan)
     console.print(f"Deployed release {release} to {where}: {summary}.")
@@ -108,9 +109,9 @@ def run(host: RemoteHost, console: Console, datasets: list[str] | None) -> dict[
         return {"submitted": [r for r in answer["queued"] if r["launched"]]}
     result = answer["runner"]
     if not result["launched"]:
-        raise AerieError(f"the pipeline is {result['reason'].replace('already running', 'already running on ' + host.name)}: "
+        raise AerieError(f"the pipeline is {visible(result['reason']).replace('already running', 'already running on ' + host.name)}: "
                          "watch it with `inv status --watch`, or `inv stop -d pipeline` first")
-    console.print(f"pipeline started on {host.name} (runner {result['where']}): "
+    console.print(f"pipeline started on {host.name} (runner {visible(str(result['where']))}): "
                   f"{len(spec['config']['stage']['plan'])} jobs; `inv status --watch` follows it")
     return result
 
@@ -162,7 +163,8 @@ def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
     for header in ("check", "", "detail"):
         table.add_column(header)
     for result in results:
-        table.add_row(result["name"], Text(result["status"], CHECK_STYLES[result["status"]]), result["detail"])
+        table.add_row(Text(visible(result["name"])), Text(result["status"], CHECK_STYLES[result["status"]]),
+                      Text(visible(result["detail"])))
     console.print(table)
     return results
 
@@ -174,18 +176,28 @@ def demo(host: RemoteHost, console: Console) -> dict[str, Any]:
     validating.check(host.inventory, console)
     deploy(host, console)
     built = host.call("assets")
-    console.print(f"{'built' if built['built'] else 'reusing'} the tiny target in {built['path']}")
+    console.print(f"{'built' if built['built'] else 'reusing'} the tiny target in {visible(built['path'])}")
     run(host, console, None)
     return follow(lambda: host.call("status"), console, f"{host.name}:{host.root}")  # its last frame stays
 
 
 def report(console: Console, results: list[dict[str, Any]], verb: str) -> None:
     for result in results:
-        job = f"{result['dataset']}/{result['stage']}"
+        job = visible(f"{result['dataset']}/{result['stage']}")
         if result["launched"]:
-            console.print(f"{verb} {job} ({result['where']})")
+            console.print(_line(f"{verb} {job} ({visible(str(result['where']))})"))
         else:
-            console.print(f"[yellow]skipped {job}: {result['reason']}[/]")
+            console.print(_line((f"skipped {job}: {visible(str(result['reason']))}", "yellow")))
+
+
+def _line(*parts: str | tuple[str, str]) -> Any:
+    """A line of text and (text, style) parts whose text is printed as it is, never read as markup;
+    plain text stays a `str`, which the console writes without importing rich (local/cli.py)."""
+    if all(isinstance(p, str) for p in parts) and not any("[" in p or ":" in p for p in parts):  # type: ignore[operator]
+        return "".join(parts)  # type: ignore[arg-type]
+    from rich.text import Text
+
+    return Text.assemble(*parts)
 
 
 def status(fetch: Callable[[], dict[str, Any]], console: Console, title: str, as_json: bool = False,
@@ -226,10 +238,16 @@ def while_importing(fetch: Callable[[], Any], module: str) -> tuple[Any, Any]:
     return value, loaded
 
 
-def logs(host: RemoteHost, dataset: str, stage: str | None, lines: int, follow: bool) -> None:
+def logs(host: RemoteHost, dataset: str, stage: str | None, lines: int, follow: bool, raw: bool = False) -> None:
+    """The log's end on stdout: its control characters shown (`␛[2J`), as `less` does, or as they are (`raw`)."""
     if dataset not in (pipeline.DRAFT, pipeline.RUNNER):  # the jobs of `inv run` that no dataset names
         host.inventory.select([dataset])
-    host.stream("logs", sys.stdout.buffer, dataset=dataset, stage=stage, lines=lines, follow=follow)
+    out = sys.stdout.buffer if raw else VisibleStream(sys.stdout.buffer)
+    try:
+        host.stream("logs", out, dataset=dataset, stage=stage, lines=lines, follow=follow)  # type: ignore[arg-type]
+    finally:
+        if isinstance(out, VisibleStream):
+            out.close()
 
 
 def stop(host: RemoteHost, console: Console, datasets: list[str] | None, stages: list[str] | None) -> None:
@@ -237,10 +255,11 @@ def stop(host: RemoteHost, console: Console, datasets: list[str] | None, stages:
     results = host.call("stop", datasets=names, stages=stages) if names != [] else []
     stopped = [r for r in results if r["stopped"]]
     for result in results:
+        job = visible(f"{result['dataset']}/{result['stage']}")
         if result["stopped"]:
-            console.print(f"stopped {result['dataset']}/{result['stage']}")
+            console.print(_line(f"stopped {job}"))
         elif result.get("reason"):  # a broken job: its processes cannot be known from its files
-            console.print(f"[yellow]not stopped {result['dataset']}/{result['stage']}: {result['reason']}[/]")
+            console.print(_line((f"not stopped {job}: {visible(str(result['reason']))}", "yellow")))
     if not stopped:
         console.print("Nothing to stop: no matching job is running.")
 

@@ -17,6 +17,7 @@ from local.connections import shared
 from local.errors import AerieError
 from local.host import RemoteHost
 from local.inventory_cache import load
+from local.visible import visible
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -48,6 +49,7 @@ class Fleet:
             return {"": work(self.single, console)}
         from rich.console import Console
         from rich.rule import Rule
+        from rich.text import Text
 
         outputs = {name: io.StringIO() for name in self.hosts}
 
@@ -61,7 +63,7 @@ class Fleet:
             console.print(Rule(f"{name} ({self.hosts[name].name})", align="left"))
             console.out(outputs[name].getvalue(), end="", highlight=False)
             if isinstance(results[name], AerieError):
-                console.print(f"[bold red]{name}: {results[name]}[/]")
+                console.print(Text(f"{name}: {visible(str(results[name]))}", "bold red"))
         return results
 
     @property

@@ -31,6 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from local.status_data import UNREACHABLE, Job
+from local.visible import visible, visible_all
 from remote.states import JobState
 
 STATE_STYLES = {
@@ -198,8 +199,8 @@ class StatusView:
     """Sized at render time, from the console it is drawn on."""
 
     def __init__(self, status: dict[str, Any], title: str | None, fit: bool) -> None:
-        self.status = status
-        self.title = title
+        self.status = visible_all(status)  # every string the host sent, shown and never obeyed
+        self.title = visible(title) if title else title
         self.fit = fit
         self.view = View(now=status.get("now") or time.time(), current_release=status.get("current_release"))
 

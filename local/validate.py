@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from local import jobs
 from local.errors import AerieError
 from local.validate_cache import ValidationCache, keys as cache_keys
+from local.visible import visible, visible_all
 from local.paths import INVENTORIES, REPO
 from local.transport import LocalTransport
 from remote.wire import decode
@@ -46,6 +47,8 @@ def request(inventory: Inventory) -> dict[str, Any]:
         "target": target,
         "stage": inventory.stages.prep.model_dump(exclude={"command", "stall_after"}),
         "datasets": {name: {**inventory.datasets[name].model_dump(), "sample": sample_of(inventory, name),
+                            # the key the user wrote, for a message about a file that is not there
+                            "sample_key": "sample" if inventory.datasets[name].sample else "source",
                             "limit": inventory.datasets[name].limit or 200}
                      for name in inventory.datasets},
     }
@@ -60,9 +63,10 @@ def validate(inventory: Inventory, names: list[str] | None = None) -> list[dict[
     asked = request(inventory)
     if names is not None:
         asked["datasets"] = {name: asked["datasets"][name] for name in names}
-    command = (f"cd {shlex.quote(str(REPO))} && {OFFLINE} {shlex.quote(sys.executable)} -m remote.prep.validate "
-               f"{shlex.quote(json.dumps(asked))}")
-    result = LocalTransport().run(command)
+    # NOTE: the request goes on stdin: as one argument, a thousand datasets pass Linux's limit on an
+    # argument (128 KiB) and the command is refused ("Argument list too long").
+    command = f"cd {shlex.quote(str(REPO))} && {OFFLINE} {shlex.quote(sys.executable)} -m remote.prep.validate -"
+    result = LocalTransport().run(command, stdin=json.dumps(asked).encode())
     try:
         return decode(result.stdout)
     except ValueError:
@@ -70,8 +74,11 @@ def validate(inventory: Inventory, names: list[str] | None = None) -> list[dict[
 
 
 def render(entries: list[dict[str, Any]]) -> Table:
+    """The table; every value a `Text` made `visible` (a skip reason names a row's keys, which the data chose)."""
     from rich.table import Table
     from rich.text import Text
+
+    entries = visible_all(entries)
 
     table = Table(title="prep over local samples", title_justify="left")
     for header, justify in (("dataset", "left"), ("kind", "left"), ("formats", "left"), ("rows", "right"),
@@ -81,9 +88,10 @@ def render(entries: list[dict[str, Any]]) -> Table:
     for entry in entries:
         reasons = ", ".join(f"{reason} ×{count}" for reason, count in list(entry["skip_reasons"].items())[:3])
         kept = Text(str(entry["kept"]), "bold red" if not entry["kept"] else "green")
-        table.add_row(entry["dataset"], entry["kind"], ", ".join(entry["formats"]) or "-", str(entry["rows"]), kept,
+        table.add_row(Text(entry["dataset"]), Text(entry["kind"]), Text(", ".join(entry["formats"]) or "-"),
+                      Text(str(entry["rows"])), kept,
                       Text(entry["error"], "red") if entry["error"] else Text(f"{entry['skipped']} {reasons}".strip()),
-                      *_learned(entry), f"{entry['mean_tokens']:.0f}" if entry.get("mean_tokens") else "-")
+                      *map(Text, _learned(entry)), Text(f"{entry['mean_tokens']:.0f}" if entry.get("mean_tokens") else "-"))
     return table
 
 
@@ -110,21 +118,28 @@ def check(inventory: Inventory, console: Console, as_json: bool = False, cached:
     fresh = validate(inventory, [n for n in inventory.datasets if n not in reused]) if len(reused) < len(key) else []
     for entry in fresh:
         cache.put(key.get(entry["dataset"]), entry)
-    entries = [reused.get(name) or next(e for e in fresh if e["dataset"] == name) for name in inventory.datasets]
+    by_name = {e["dataset"]: e for e in fresh}
+    entries = [reused.get(name) or by_name[name] for name in inventory.datasets]
     if as_json:
-        print(json.dumps(entries, indent=2))
+        print(json.dumps(entries, indent=2))  # JSON escapes every control character itself
     else:
-        if fresh:
-            console.print(render(fresh))
-        if reused:
-            console.print(f"validated (cached): {_names(list(reused))} (`--revalidate` checks again)")
-        for note in sorted({e["note"] for e in fresh if e.get("note")}):  # a cached entry's note was shown before
-            console.print(f"[yellow]note:[/] {note}")
-    bad = [e for e in entries if e["error"] or not e["kept"]]
+        show(console, fresh, list(reused))
+    bad = visible_all([e for e in entries if e["error"] or not e["kept"]])
     if bad:
         raise AerieError("datasets that would give zero records: " + "; ".join(
             f"{e['dataset']} ({e['error'] or ', '.join(list(e['skip_reasons'])[:2]) or 'no rows'})" for e in bad))
     return entries
+
+
+def show(console: Console, fresh: list[dict[str, Any]], reused: list[str]) -> None:
+    from rich.text import Text
+
+    if fresh:
+        console.print(render(fresh))
+    if reused:
+        console.print(f"validated (cached): {_names(reused)} (`--revalidate` checks again)")
+    for note in sorted({e["note"] for e in fresh if e.get("note")}):  # a cached entry's note was shown before
+        console.print(Text.assemble(("note:", "yellow"), " ", visible(note)))
 
 
 def _names(names: list[str], shown: int = 8) -> str:

@@ -49,7 +49,7 @@ def test_validate_cli_reports_every_sample_and_a_missing_one_as_an_error(tiny_to
     assert entries["openthoughts"]["formats"] == {"openthoughts": 2}
     assert entries["prompts_alpaca"]["kind"] == "prompts"
     assert entries["Z9"]["kept"] == 0
-    assert entries["Z9"]["error"] == f"sample file {SAMPLES / 'absent.jsonl'} of datasets.Z9 does not exist"
+    assert entries["Z9"]["error"] == f"datasets.Z9.sample: {SAMPLES / 'absent.jsonl'} does not exist"
 
 
 def test_validate_counts_skip_reasons_of_a_sample_with_bad_rows(tiny_tokenizer_dir):

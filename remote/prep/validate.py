@@ -1,6 +1,6 @@
 """`inv validate` on the host side: prep over each dataset's local sample, in memory.
 
-Usage: ``python -m remote.prep.validate '<json>'`` with::
+Usage: ``python -m remote.prep.validate '<json>'`` (or ``-``: the JSON on stdin) with::
 
     {"target": {"tokenizer": PATH, "trust_remote_code": BOOL},
      "stage": {prep settings},
@@ -54,8 +54,11 @@ def _check(name: str, dataset: dict[str, Any], kind: str, target: Target, settin
     sample = dataset.get("sample")
     if not sample:
         raise PrepError(f"datasets.{name} has no sample: set `sample` to a small local file")
-    if not Path(sample).is_file():
-        raise PrepError(f"sample file {sample} of datasets.{name} does not exist")
+    if not Path(sample).is_file():  # `sample`, else `source` (the workstation says which the user wrote)
+        if dataset.get("sample_key") == "source":
+            raise PrepError(f"datasets.{name}.source: {sample} is not a file here, and datasets.{name} has no sample: "
+                            "fix the path, or set `sample` to a small local file")
+        raise PrepError(f"datasets.{name}.sample: {sample} does not exist")
     source = Source(str(sample), limit=dataset.get("limit"))
     return run_prep(iter_rows(source), (kind, name, target, settings, tokenizer, tokenizer is not None), settings)
 
@@ -82,10 +85,10 @@ def _error(name: str, dataset: dict[str, Any], message: str) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m remote.prep.validate '<json request>'", file=sys.stderr)
+        print("usage: python -m remote.prep.validate '<json request>' (or - to read it from stdin)", file=sys.stderr)
         return 2
     try:
-        request = json.loads(argv[0])
+        request = json.loads(sys.stdin.read() if argv[0] == "-" else argv[0])  # "-": any number of datasets
     except json.JSONDecodeError as exc:
         print(f"validate: the request is not JSON ({exc.msg} at position {exc.pos})", file=sys.stderr)
         return 2
