@@ -1,0 +1,44 @@
+"""`inv validate` as the workstation asks for it: the key a missing file is named by, and any number of datasets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from local import validate
+from local.inventory import load
+from remote.prep.validate import validate as validate_on_host
+from tests.harness import Bench, copy_checkout
+
+
+def inventory(tmp_path: Path, datasets: dict) -> Path:
+    path = tmp_path / "inventories" / "test.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({"backend": "local", "host": {"root": str(tmp_path / "root")}, "datasets": datasets}))
+    return path
+
+
+def test_a_missing_file_is_named_by_the_key_the_user_wrote(tmp_path: Path) -> None:
+    asked = validate.request(load(str(inventory(tmp_path, {
+        "S": {"source": "inventories/samples/absent.jsonl", "kind": "native"},
+        "T": {"source": "org/hub-id", "kind": "native", "sample": "absent.jsonl"}}))))
+    errors = {entry["dataset"]: entry["error"] for entry in validate_on_host(asked)}
+    assert errors["S"] == ("datasets.S.source: inventories/samples/absent.jsonl is not a file here, and datasets.S "
+                           "has no sample: fix the path, or set `sample` to a small local file")
+    assert errors["T"] == f"datasets.T.sample: {tmp_path / 'inventories' / 'absent.jsonl'} does not exist"
+
+
+@pytest.mark.e2e
+def test_deploy_with_a_thousand_datasets_over_ssh(tmp_path: Path, sshd) -> None:  # noqa: ANN001
+    # One argument of every dataset's settings passed Linux's 128 KiB at about 500 datasets: `inv deploy`
+    # ended in "OSError: [Errno 7] Argument list too long" before anything was sent.
+    bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "ssh", sshd)
+    bench.inventory({f"D{i:04d}-{'x' * 40}": {"source": "records=1", "kind": "native"} for i in range(1000)})
+    first = bench.inv("deploy", timeout=300)
+    assert "Deployed release" in first.stdout and "D0999" in first.stdout
+    again = bench.inv("deploy", timeout=300)
+    assert "validated (cached): D0000" in again.stdout and "and 992 more" in again.stdout
+    assert "Nothing to deploy" in again.stdout
+    assert bench.inv("status").stdout == "No jobs yet.\n"
