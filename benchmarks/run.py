@@ -5,7 +5,8 @@ Kimi-K2.5's tokenizer, vs. a plain apply_chat_template + encode loop), infer (th
 plain clients on the same server; `concurrency: auto` vs. pinned 4, 16 and 64 on a
 saturating stand-in), extract (capture vs. a bare forward pass),
 slurm (launch and status of 40 jobs on the test cluster), loop (deploy and
-rerun as typed, against rsync, scp and ssh). Figures are recorded in
+rerun as typed, against rsync, scp and ssh), view (the watch view of 20 to 1,000 bad jobs,
+against one screenful of table). Figures are recorded in
 docs/benchmarks.md.
 """
 
@@ -17,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-SUITES = ("control", "loop", "prep", "infer", "extract", "slurm")
+SUITES = ("control", "loop", "view", "prep", "infer", "extract", "slurm")
 
 
 def run(only: list[str] | None = None) -> dict[str, Any]:

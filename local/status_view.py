@@ -4,12 +4,15 @@ Two shapes of one view:
 
 - printed once (`inv status`): one row per job, every column that fits;
 - refreshed in place (`--watch`, `inv run --follow`): it fits the terminal.
-  Rows are grouped per dataset: a dataset whose stages all succeeded is one
-  row, its waiting stages are one row, and its succeeded stages are folded
-  into the counts; when that is still too tall, finished and waiting datasets
-  fold into one row each, then running rows give way to an "... more" row.
-  Failed, died, empty and stalled jobs are never folded, and their error is
-  shown in full.
+  Every row is one line, and the fit is decided by counting rows, never by
+  drawing a layout to measure it. Rows are grouped per dataset: a dataset whose
+  stages all succeeded is one row, its waiting stages are one row, and its
+  succeeded stages are folded into the counts; bad jobs of one stage and state
+  whose errors differ only in numbers (the bug that breaks every dataset) are
+  one row with a count. Each bad row's error is shown in full under the table.
+  When that is still too tall, finished and waiting datasets fold into one row
+  each, then running rows give way to an "... N more" row, then the full
+  errors, and last the bad rows themselves.
 
 The last column says what the numbers do not: the error, what a job waits
 for, the stage's own note, and only those metrics the note does not already
@@ -22,7 +25,7 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 from rich import box
 from rich.cells import cell_len
@@ -91,6 +94,8 @@ def duration(seconds: float) -> str:
 
 
 def skipped(job: Job, view: View) -> str:
+    if job.get("more"):
+        return ""
     if not job["skipped"]:
         return "0"
     reason, _ = max(job["skip_reasons"].items(), key=lambda kv: kv[1])
@@ -208,35 +213,47 @@ class StatusView:
         multi = isinstance(self.view.current_release, dict)
         wide = options.max_width >= WIDE
         columns = [c for c in ([HOST, *COLUMNS] if multi else COLUMNS) if wide or not c.wide_only]
-        view = replace(self.view, errors_below=not wide)
-        footer = [*(errors(self.status["jobs"]) if not wide else []),
-                  *gpu_lines(self.status.get("gpus") or []), *summary(self.status, options.max_width)]
+        tail = [*gpu_lines(self.status.get("gpus") or []), *summary(self.status, options.max_width)]
         if not self.fit:
-            yield self.table(columns, view, self.status["jobs"], boxed=True)
-            yield from footer
+            yield self.table(columns, replace(self.view, errors_below=not wide), self.status["jobs"], boxed=True)
+            yield from [*(errors(self.status["jobs"]) if not wide else []), *tail]
             return
         if self.title:
             yield Text(self.title, no_wrap=True, overflow="ellipsis", style="bold")
-        room = (options.height or options.size.height) - (1 if self.title else 0) - self.lines(console, options, *footer)
-        for table in self.candidates(columns, view):
-            if self.lines(console, options, table) <= room:
-                break
-        yield table
-        yield from footer
+        room = (options.height or options.size.height) - (1 if self.title else 0) - self.lines(console, options, *tail)
+        rows, below = self.fitted(room, lambda text: len(text.wrap(console, options.max_width)))
+        yield self.table(columns, replace(self.view, errors_below=True), rows, one_line=True)
+        yield from [*below, *tail]
 
     @staticmethod
     def lines(console: Console, options: ConsoleOptions, *renderables: RenderableType) -> int:
         return sum(len(console.render_lines(r, options.update(height=None), pad=False)) for r in renderables)
 
-    def candidates(self, columns: list[Column], view: View) -> Iterator[Table]:
-        """Tables from the least folded to the most; the caller takes the first that fits."""
-        for level in range(3):
-            yield self.table(columns, view, grouped(self.status["jobs"], level))
-        rows = grouped(self.status["jobs"], 2)
-        for keep in range(len(rows) - 1, -1, -1):  # running rows give way; bad rows never do
-            yield self.table(columns, view, trimmed(rows, keep))
+    def fitted(self, room: int, height: Callable[[Text], int]) -> tuple[list[Job], list[Text]]:
+        """The rows and the error lines under them that fill at most `room` lines, counted, not drawn:
+        every row of the watched table is one line, under a header of two.
 
-    def table(self, columns: list[Column], view: View, jobs: Iterable[Job], boxed: bool = False) -> Table:
+        Less and less is shown until it fits: finished datasets fold into one row, then waiting ones;
+        then the running rows give way to a row that counts them; then the full errors (each bad row
+        still starts its own); then the bad rows themselves (`inv status` lists every job).
+        """
+        jobs, left = self.status["jobs"], room - 2 - len(self.status.get("unreachable", []))
+        below = errors(grouped(jobs, 0))
+        for level in range(3):
+            rows = grouped(jobs, level)
+            if len(rows) + _total(below, height, left) <= left:
+                return rows, below
+        bad = [r for r in rows if JobState(r["state"]).is_bad()]
+        rest = [r for r in rows if not JobState(r["state"]).is_bad()]
+        if len(bad) + 1 > left:  # not even the bad rows: as many as fit, and one row for the others
+            keep = bad[:max(left - 1, 0)]
+            return keep + [_more(jobs, keep)], []
+        shown = _fill(below, height, left - len(bad) - 1)
+        left -= len(bad) + 1 + sum(height(line) for line in shown)
+        return bad + rest[:left] + ([_more(jobs, bad + rest[:left])] if rest[left:] else []), shown
+
+    def table(self, columns: list[Column], view: View, jobs: Iterable[Job], boxed: bool = False,
+              one_line: bool = False) -> Table:
         if boxed:
             table = Table(title=self.title, title_justify="left")
         else:
@@ -245,14 +262,16 @@ class StatusView:
         for host in self.status.get("unreachable", []):
             blank = [""] * (len(columns) - 3)
             rows.append([_text(cell) for cell in (host["host"], "*", Text(UNREACHABLE, "bold red"), *blank[:-1],
-                                                  Text(host["message"], "red"))])
+                                                  Text(host["message"], "red", no_wrap=one_line,
+                                                       overflow="ellipsis" if one_line else None))])
         for index, column in enumerate(columns):
-            wraps = column.header == COLUMNS[-1].header
+            wraps = column.header == COLUMNS[-1].header  # its cells are one line where `one_line` asks
             # NOTE: a one-line cell that never wraps is as wide as its text: given here, rich skips
             # measuring every cell of the column, a fifth of drawing 40 rows. It still narrows the
             # column to fit the terminal.
             width = None if wraps else max(cell_len(text) for text in [column.header, *(r[index].plain for r in rows)])
-            table.add_column(column.header, justify=column.justify,  # type: ignore[arg-type]
+            header = Text(column.header, no_wrap=one_line, overflow="ellipsis" if one_line else None)
+            table.add_column(header, justify=column.justify,  # type: ignore[arg-type]
                              no_wrap=not wraps, overflow="ellipsis", width=width)
         for row in rows:
             table.add_row(*row)
@@ -286,19 +305,81 @@ def grouped(jobs: list[Job], level: int) -> list[Job]:
         done = [_many(done, JobState.SUCCEEDED)]
     if level >= 2 and len(waiting) > 1:
         waiting = [_many(waiting, JobState.WAITING)]
-    return bad + active + waiting + done
+    return _alike(bad) + active + waiting + done
 
 
-def trimmed(rows: list[Job], keep: int) -> list[Job]:
-    """At most `keep` rows that are not bad, then one saying how many more there are (`inv status` lists all)."""
-    bad = [r for r in rows if JobState(r["state"]).is_bad()]
-    rest = [r for r in rows if not JobState(r["state"]).is_bad()]
-    if len(rest) <= keep:
-        return rows
-    hidden = Counter(r["state"] for r in rest[keep:])
-    more = ", ".join(f"{n} {state}" for state, n in hidden.items())
-    return bad + rest[:keep] + [_row("...", "", "stopped", more=True, folded=True,
-                                     message=f"{len(rest) - keep} more: {more}")]
+#: What two bad jobs' errors may differ in and still be one bug: counts, sizes, line numbers.
+NUMBER = re.compile(r"\d[\d,.]*")
+
+
+def _alike(bad: list[Job]) -> list[Job]:
+    """Bad jobs of one stage and state whose errors differ only in numbers and their dataset's name, as
+    one row with a count: the bug that breaks every dataset is one row, not a thousand."""
+    groups: dict[tuple[Any, ...], list[tuple[Job, str]]] = {}
+    for job in bad:
+        message = job.get("message") or f"exit {job.get('exit_code')}"
+        if len(job["dataset"]) > 1:  # a one-letter name would match inside words
+            message = message.replace(job["dataset"], "*")
+        key = (job.get("host", ""), job["stage"], job["state"], NUMBER.sub("N", message))
+        groups.setdefault(key, []).append((job, message))
+    rows = []
+    for (host, stage, state, _), members in groups.items():
+        if len(members) == 1:
+            rows.append(members[0][0])
+            continue
+        jobs = [job for job, _ in members]
+        reasons: Counter[str] = Counter()
+        for job in jobs:
+            reasons.update(job.get("skip_reasons") or {})
+        rows.append({**_row(f"{len(jobs)} datasets", stage, state, folded=True, covers=jobs, host=host,
+                            members=[j["dataset"] for j in jobs], message=_common([m for _, m in members])),
+                     "records": sum(j["records"] for j in jobs), "skipped": sum(j["skipped"] for j in jobs),
+                     "skip_reasons": dict(reasons)})
+    return rows
+
+
+def _common(messages: list[str]) -> str:
+    """The message with each number that differs between them shown as N."""
+    numbers = [NUMBER.findall(m) for m in messages]
+    parts = NUMBER.split(messages[0])
+    shown = [parts[0]]
+    for index, part in enumerate(parts[1:]):
+        same = {n[index] for n in numbers}
+        shown += [numbers[0][index] if len(same) == 1 else "N", part]
+    return "".join(shown)
+
+
+def _more(jobs: list[Job], shown: list[Job]) -> Job:
+    """One row for the jobs that the `shown` rows leave out: how many, in which states (`inv status` lists all)."""
+    seen = {id(job) for row in shown for job in row.get("covers", [row])}
+    counts = Counter(JobState(job["state"]) for job in jobs if id(job) not in seen)
+    said = ", ".join(f"{counts[state]} {state.value}" for state in JobState if counts[state])
+    return _row("...", "", "stopped", more=True, folded=True, message=f"{sum(counts.values())} more: {said}")
+
+
+def _total(lines: list[Text], height: Callable[[Text], int], limit: int) -> int:
+    """The lines `lines` take, counted only until they pass `limit`."""
+    total = 0
+    for line in lines:
+        total += height(line)
+        if total > limit:
+            break
+    return total
+
+
+def _fill(lines: list[Text], height: Callable[[Text], int], room: int) -> list[Text]:
+    """As many of `lines` as fit in `room`, with a last one that says how many more there are."""
+    if _total(lines, height, room) <= room:
+        return lines
+    shown: list[Text] = []
+    used = 1  # the line that says how many are left out
+    for line in lines:
+        if used + height(line) > room:
+            break
+        shown.append(line)
+        used += height(line)
+    note = Text(f"... {len(lines) - len(shown)} more errors: `inv status` shows every one in full", style="red")
+    return shown + ([note] if room > len(shown) else [])
 
 
 def _by_dataset(jobs: list[Job]) -> dict[str, list[Job]]:
@@ -319,32 +400,38 @@ def _done_row(jobs: list[Job]) -> Job:
     ended = [j["ended_at"] for j in jobs if j.get("ended_at")]
     if len(jobs) == 1:
         return last
-    return {**last, "stage": f"{len(jobs)} stages", "folded": True,
+    return {**last, "stage": f"{len(jobs)} stages", "folded": True, "covers": jobs,
             "started_at": min(started, default=None), "ended_at": max(ended, default=None)}
 
 
 def _waiting_row(jobs: list[Job]) -> Job:
     """A dataset's waiting stages: the first, and how many follow it."""
     first = jobs[0]
-    return {**first, "stage": first["stage"] + (f" +{len(jobs) - 1}" if len(jobs) > 1 else "")}
+    return {**first, "stage": first["stage"] + (f" +{len(jobs) - 1}" if len(jobs) > 1 else ""), "covers": jobs}
 
 
 def _many(rows: list[Job], state: JobState) -> Job:
     names = ", ".join(r["dataset"] for r in rows)
     return _row(f"{len(rows)} datasets", "", state.value, records=sum(r["records"] for r in rows),
-                message=names, folded=True)
+                message=names, folded=True, covers=[job for row in rows for job in row.get("covers", [row])])
 
 
 # -- GPUs and the summary -----------------------------------------------------
 
 
 def errors(jobs: list[Job]) -> list[Text]:
-    """Each bad job's error in full, under a narrow table whose cells can hold only its start."""
+    """Each bad job's error in full, under a table whose cells can hold only its start (a row of
+    `grouped` may stand for all the datasets that failed alike: it names them)."""
     lines = []
     for job in jobs:
         if JobState(job["state"]).is_bad():
-            line = Text(f"{job.get('host') + ' ' if job.get('host') else ''}{job['dataset']}/{job['stage']} "
-                        f"{job['state']}: ", style="bold red")
+            where = f"{job.get('host') + ' ' if job.get('host') else ''}"
+            if job.get("members"):
+                names = job["members"]
+                shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                line = Text(f"{where}{job['stage']} {job['state']} in {len(names)} datasets ({shown}): ", style="bold red")
+            else:
+                line = Text(f"{where}{job['dataset']}/{job['stage']} {job['state']}: ", style="bold red")
             line.append(job.get("message") or f"exit {job.get('exit_code')}", style="red")
             lines.append(line)
     return lines

@@ -153,7 +153,7 @@ def test_a_shorter_terminal_folds_finished_and_waiting_datasets_then_running_row
     assert len(folded) == 1 and "succeeded" in folded[0] and "A1, B5, B8, C1" in folded[0]
     tiny = render(pipeline_status(), width=80, height=12, fit=True)
     assert len(tiny.splitlines()) <= 12
-    assert "4 more: 2 running" in tiny and "C3/infer failed" in tiny
+    assert "39 more: 17 waiting, 2 ru" in tiny and "C3/infer failed" in tiny  # the jobs out of view, by state
 
 
 def test_printed_once_every_job_has_its_row() -> None:
@@ -230,3 +230,52 @@ def test_the_column_widths_given_to_rich_are_the_ones_it_would_measure_at_any_te
     monkeypatch.setattr(status_view, "Table", Measuring)
     assert given == [render(status, width) for width in (200, 120, 80, 50)] + [render(status, 80, 9, fit=True)]
     assert "東京-2" in given[0] and "unreachable" in given[0]
+
+
+# -- a thousand bad jobs ------------------------------------------------------------------
+
+
+def bad_jobs(count: int, alike: bool = True) -> dict:
+    """`count` datasets that one bug left empty (their skip counts differ), or each with an error of its own."""
+    own = ["".join(chr(97 + int(d)) for d in str(i)) for i in range(count)]  # keys of its own, without digits
+    jobs = [job(dataset=f"D{i:04d}", state="empty", records=0, skipped=i + 1, ended_at=NOW - 1,
+                skip_reasons={f"no conversations field (keys: {'id, text' if alike else own[i]})": i + 1},
+                message=f"exit 0 with zero records: no conversations field (keys: {'id, text' if alike else own[i]}) ×{i + 1}")
+            for i in range(count)]
+    return {"now": NOW, "current_release": None, "jobs": jobs}
+
+
+def test_a_thousand_datasets_that_failed_alike_are_one_row_with_a_count() -> None:
+    out = render(bad_jobs(1000), width=80, height=24, fit=True)
+    lines = out.splitlines()
+    assert len(lines) <= 24
+    assert [line.split()[:4] for line in lines if "datasets" in line.split()[:2]] == [["1000", "datasets", "prep", "empty"]]
+    assert ("prep empty in 1000 datasets (D0000, D0001, D0002 and 997 more): exit 0 with zero records: no conversations "
+            "field (keys: id, text) ×N") in " ".join(lines)  # the counts differ: shown as N
+    assert lines[-1] == "1000 jobs: 1000 empty"
+
+
+def test_a_thousand_different_errors_fit_the_screen_with_a_row_that_counts_the_rest() -> None:
+    out = render(bad_jobs(1000, alike=False), width=80, height=24, fit=True)
+    lines = out.splitlines()
+    assert len(lines) <= 24
+    assert any(line.startswith("...") and "more: " in line and " empty" in line for line in lines)
+    assert lines[-1] == "1000 jobs: 1000 empty"
+
+
+def test_the_watch_draws_one_table_and_counts_its_lines_right_at_any_size(monkeypatch) -> None:  # noqa: ANN001
+    drawn = []
+    table = status_view.StatusView.table
+    monkeypatch.setattr(status_view.StatusView, "table", lambda self, *a, **k: drawn.append(1) or table(self, *a, **k))
+    for status in (pipeline_status(), bad_jobs(40, alike=False), bad_jobs(300)):
+        for width in (50, 80, 120, 200):
+            for height in (12, 16, 24, 40):
+                drawn.clear()
+                out = render(status, width=width, height=height, fit=True, title="gpu:/root")
+                assert drawn == [1]  # never a candidate layout drawn to be measured
+                assert len(out.splitlines()) <= height, (width, height, out)
+    tiny = render(pipeline_status(), width=50, height=6, fit=True).splitlines()  # less room than the summary takes
+    assert tiny[2].startswith("...") and tiny[3].startswith("GPUs")
+    assert "41 more: 17 waiting, 4 running, 20 succeeded" in render(pipeline_status(), 200, 6, fit=True)
+    tall = render(pipeline_status(), width=120, height=60, fit=True)
+    assert "..." not in tall and "4 datasets" not in tall and "infer +2" in tall  # room enough: nothing folded or cut
