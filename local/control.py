@@ -67,7 +67,12 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | N
         console.print(f"Dry run: would deploy {summary} to {where} (now {visible(str(plan.base or 'nothing'))}).")
         return None
     release = deploying.push(host, plan)
-    console.print(f"Deployed release {release} to {where}: {summary}.")
+    live = deploying.current_release(host)  # read after the switch: a deploy from elsewhere may have followed it
+    if live.get("files") != plan.files:
+        raise AerieError(f"{where}: another deploy replaced release {release} before this one ended; the host runs "
+                         f"{visible(str(live.get('id')))}, not this checkout: `inv deploy` again to send it")
+    same = "" if live.get("id") == release else f", live as {visible(str(live.get('id')))} (the same files)"
+    console.print(f"Deployed release {release} to {where}: {summary}{same}.")
     return release
 
 

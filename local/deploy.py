@@ -81,12 +81,22 @@ class Plan:
         return f"{time.strftime('%Y%m%d-%H%M%S')}-{digest}"
 
 
+#: How long a read of the manifest waits for a deploy in flight to switch.
+LOCK_WAIT_S = 60
+
+
 def current_release(host: RemoteHost) -> dict[str, Any]:
-    """The host's current manifest, read with `cat` between the payload tags; nothing deployed: no files."""
+    """The host's current manifest, read with `cat` between the payload tags; nothing deployed: no files.
+
+    The read shares the lock that a deploy's switch holds (remote/release.py), so it waits for
+    a deploy in flight to end rather than report the release that deploy is replacing. Where
+    the host has no `flock` (util-linux), or the wait runs out, the manifest is read as it is.
+    """
     path = shlex.quote(f"{host.root}/current/{MANIFEST}")
+    lock = shlex.quote(f"{host.root}/.deploy.lock")
     empty = shlex.quote(json.dumps({"id": None, "files": {}}))
-    result = host.transport.run(f"printf %s {shlex.quote(OPEN)}; cat {path} 2>/dev/null || printf %s {empty}; "
-                                f"printf '%s\\n' {shlex.quote(CLOSE)}")
+    result = host.transport.run(f"printf %s {shlex.quote(OPEN)}; flock -s -w {LOCK_WAIT_S} {lock} cat {path} 2>/dev/null "
+                                f"|| cat {path} 2>/dev/null || printf %s {empty}; printf '%s\\n' {shlex.quote(CLOSE)}")
     try:
         current = decode(result.stdout)
     except ValueError:  # a manifest cut short: the host's own reader treats it as no release too

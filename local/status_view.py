@@ -238,17 +238,18 @@ class StatusView:
         still starts its own); then the bad rows themselves (`inv status` lists every job).
         """
         jobs, left = self.status["jobs"], room - 2 - len(self.status.get("unreachable", []))
-        below = errors(grouped(jobs, 0))
+        kinds = Kinds.of(jobs)
+        bad = kinds.bad
+        below = errors(bad[:max(left, 0) + 1])  # more than fit are never measured: one line each at least
         for level in range(3):
-            rows = grouped(jobs, level)
-            if len(rows) + _total(below, height, left) <= left:
+            rows = kinds.at(level)
+            if len(rows) + _total(below, height, left) <= left and len(below) == len(bad):
                 return rows, below
-        bad = [r for r in rows if JobState(r["state"]).is_bad()]
-        rest = [r for r in rows if not JobState(r["state"]).is_bad()]
+        rest = rows[len(bad):]
         if len(bad) + 1 > left:  # not even the bad rows: as many as fit, and one row for the others
             keep = bad[:max(left - 1, 0)]
             return keep + [_more(jobs, keep)], []
-        shown = _fill(below, height, left - len(bad) - 1)
+        shown = _fill(below, len(bad), height, left - len(bad) - 1)
         left -= len(bad) + 1 + sum(height(line) for line in shown)
         return bad + rest[:left] + ([_more(jobs, bad + rest[:left])] if rest[left:] else []), shown
 
@@ -287,25 +288,40 @@ def _text(cell: str | Text) -> Text:
 # -- grouping ----------------------------------------------------------------
 
 
-def grouped(jobs: list[Job], level: int) -> list[Job]:
-    """Rows for a view that fits: bad jobs, then running ones, then one row per waiting dataset,
-    then one per finished dataset. Level 1 folds the finished datasets into one row; level 2 the
-    waiting ones too."""
-    bad, active, waiting, done = [], [], [], []
-    for dataset, its in _by_dataset(jobs).items():
-        shown = [j for j in its if JobState(j["state"]) not in (JobState.WAITING, JobState.SUCCEEDED)]
-        bad += [j for j in shown if JobState(j["state"]).is_bad()]
-        active += [j for j in shown if not JobState(j["state"]).is_bad()]
-        queued = [j for j in its if j["state"] == JobState.WAITING.value]
-        if queued and not shown:
-            waiting.append(_waiting_row(queued))
-        elif not shown and not queued:
-            done.append(_done_row(its))
-    if level >= 1 and len(done) > 1:
-        done = [_many(done, JobState.SUCCEEDED)]
-    if level >= 2 and len(waiting) > 1:
-        waiting = [_many(waiting, JobState.WAITING)]
-    return _alike(bad) + active + waiting + done
+#: States shown as rows of their own (by value: an enum lookup per job is a tenth of a frame of 1,000).
+BAD_STATES = {state.value for state in JobState if state.is_bad()}
+FOLDED_STATES = {JobState.WAITING.value, JobState.SUCCEEDED.value}
+
+
+@dataclass(frozen=True)
+class Kinds:
+    """The rows of a view that fits, by kind: bad jobs (those that failed alike as one row), running
+    ones, one row per waiting dataset, one per finished dataset."""
+
+    bad: list[Job]
+    active: list[Job]
+    waiting: list[Job]
+    done: list[Job]
+
+    @classmethod
+    def of(cls, jobs: list[Job]) -> "Kinds":
+        bad, active, waiting, done = [], [], [], []
+        for its in _by_dataset(jobs).values():
+            shown = [j for j in its if j["state"] not in FOLDED_STATES]
+            bad += [j for j in shown if j["state"] in BAD_STATES]
+            active += [j for j in shown if j["state"] not in BAD_STATES]
+            queued = [j for j in its if j["state"] == JobState.WAITING.value]
+            if queued and not shown:
+                waiting.append(_waiting_row(queued))
+            elif not shown and not queued:
+                done.append(_done_row(its))
+        return cls(_alike(bad), active, waiting, done)
+
+    def at(self, level: int) -> list[Job]:
+        """Level 1 folds the finished datasets into one row; level 2 the waiting ones too."""
+        done = [_many(self.done, JobState.SUCCEEDED)] if level >= 1 and len(self.done) > 1 else self.done
+        waiting = [_many(self.waiting, JobState.WAITING)] if level >= 2 and len(self.waiting) > 1 else self.waiting
+        return self.bad + self.active + waiting + done
 
 
 #: What two bad jobs' errors may differ in and still be one bug: counts, sizes, line numbers.
@@ -352,8 +368,8 @@ def _common(messages: list[str]) -> str:
 def _more(jobs: list[Job], shown: list[Job]) -> Job:
     """One row for the jobs that the `shown` rows leave out: how many, in which states (`inv status` lists all)."""
     seen = {id(job) for row in shown for job in row.get("covers", [row])}
-    counts = Counter(JobState(job["state"]) for job in jobs if id(job) not in seen)
-    said = ", ".join(f"{counts[state]} {state.value}" for state in JobState if counts[state])
+    counts = Counter(job["state"] for job in jobs if id(job) not in seen)
+    said = ", ".join(f"{counts[state.value]} {state.value}" for state in JobState if counts[state.value])
     return _row("...", "", "stopped", more=True, folded=True, message=f"{sum(counts.values())} more: {said}")
 
 
@@ -367,9 +383,10 @@ def _total(lines: list[Text], height: Callable[[Text], int], limit: int) -> int:
     return total
 
 
-def _fill(lines: list[Text], height: Callable[[Text], int], room: int) -> list[Text]:
-    """As many of `lines` as fit in `room`, with a last one that says how many more there are."""
-    if _total(lines, height, room) <= room:
+def _fill(lines: list[Text], count: int, height: Callable[[Text], int], room: int) -> list[Text]:
+    """As many of `lines` (the first of `count`) as fit in `room`, with a last one that says how many
+    more there are."""
+    if count == len(lines) and _total(lines, height, room) <= room:
         return lines
     shown: list[Text] = []
     used = 1  # the line that says how many are left out
@@ -378,7 +395,7 @@ def _fill(lines: list[Text], height: Callable[[Text], int], room: int) -> list[T
             break
         shown.append(line)
         used += height(line)
-    note = Text(f"... {len(lines) - len(shown)} more errors: `inv status` shows every one in full", style="red")
+    note = Text(f"... {count - len(shown)} more errors: `inv status` shows every one in full", style="red")
     return shown + ([note] if room > len(shown) else [])
 
 
@@ -421,10 +438,10 @@ def _many(rows: list[Job], state: JobState) -> Job:
 
 def errors(jobs: list[Job]) -> list[Text]:
     """Each bad job's error in full, under a table whose cells can hold only its start (a row of
-    `grouped` may stand for all the datasets that failed alike: it names them)."""
+    `Kinds` may stand for all the datasets that failed alike: it names them)."""
     lines = []
     for job in jobs:
-        if JobState(job["state"]).is_bad():
+        if job["state"] in BAD_STATES:
             where = f"{job.get('host') + ' ' if job.get('host') else ''}"
             if job.get("members"):
                 names = job["members"]
