@@ -71,8 +71,8 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | N
     if live.get("files") != plan.files:
         raise AerieError(f"{where}: another deploy replaced release {release} before this one ended; the host runs "
                          f"{visible(str(live.get('id')))}, not this checkout: `inv deploy` again to send it")
-    same = "" if live.get("id") == release else f", live as {visible(str(live.get('id')))} (the same files)"
-    console.print(f"Deployed release {release} to {where}: {summary}{same}.")
+    live_as = "it is live" if live.get("id") == release else f"the host runs {visible(str(live.get('id')))}, the same files"
+    console.print(f"Deployed release {release} to {where}: {summary}; {live_as}.")
     return release
 
 

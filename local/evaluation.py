@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from local import jobs
 from local.errors import AerieError
 from local.pipeline import DRAFT, GPU_STAGES, RUNNER
+from local.visible import visible, visible_all
 from remote.states import JobState
 
 if TYPE_CHECKING:  # the schema and rich load only when `inv eval` runs, not with every task
@@ -55,7 +56,7 @@ def gpu_holders(state: dict[str, Any]) -> list[str]:
 def run(host: RemoteHost, console: Console, as_json: bool = False, interval: float = 2.0) -> dict[str, Any]:
     """Start (or rejoin) the evaluation, wait for it, print and return its report."""
     # NOTE: no markup: the host's messages may hold brackets that rich would read as tags.
-    say = (lambda text: None) if as_json else (lambda text: console.print(text, markup=False))
+    say = (lambda text: None) if as_json else (lambda text: console.print(visible(text), markup=False))
     holders = gpu_holders(host.call("status"))
     if holders:
         raise AerieError(f"the GPU is in use by {', '.join(holders)}: wait for it to end or `inv stop` it first")
@@ -97,6 +98,7 @@ def show(report: dict[str, Any], console: Console) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    report = visible_all(report)  # the host's words: shown, never obeyed (local/visible.py)
     table = Table(title=f"draft {report.get('draft')} on {report.get('prompts')} held-out prompts, "
                         f"{report.get('max_new_tokens')} new tokens each", title_justify="left")
     for header in ("num_steps", "topk", "draft tokens", "accept length", "tok/s", "speed-up"):

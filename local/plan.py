@@ -17,6 +17,7 @@ from rich.table import Table
 from local import jobs, validate as validating
 from local.errors import AerieError
 from local.host import RemoteHost
+from local.visible import visible_all
 from local.inventory import Inventory
 from remote.plan import size_text, refusal
 
@@ -60,13 +61,15 @@ def show(host: RemoteHost, console: Console, as_json: bool = False) -> dict[str,
     if as_json:
         print(json.dumps(result, indent=2))
         return result
+    from rich.markup import escape
     from rich.table import Table
 
+    result = visible_all(result)  # the host's words: shown, never obeyed (local/visible.py)
     table = Table(title=f"plan for {host.name}:{host.root}", title_justify="left")
     for header, justify in (("dataset", "left"), ("records", "right"), ("tokens", "right"), ("from", "left")):
         table.add_column(header, justify=justify)  # type: ignore[arg-type]
     for d in result["datasets"]:
-        table.add_row(d["dataset"], _count(d["records"]), _count(d["tokens"]), d["basis"])
+        table.add_row(escape(d["dataset"]), _count(d["records"]), _count(d["tokens"]), escape(d["basis"]))
     table.add_row("total", "", f"{result['tokens']:,}", "")
     console.print(table)
     if result.get("bytes_per_token"):
@@ -78,10 +81,10 @@ def show(host: RemoteHost, console: Console, as_json: bool = False) -> dict[str,
         chunks = f" in {result['chunks']} chunks" if result["route"] == "chunked" else ""
         console.print(f"route that fits: [bold]{result['route']}[/]{chunks} (configured: {result['configured_route']})")
     if result.get("reason"):
-        console.print(f"[yellow]note:[/] {result['reason']}")
+        console.print(f"[yellow]note:[/] {escape(result['reason'])}")
     why = refusal(result)
     if why:
-        console.print(f"[bold red]{why}[/]")
+        console.print(f"[bold red]{escape(why)}[/]")
     return result
 
 

@@ -134,6 +134,18 @@ def test_the_hosts_reasons_in_launch_and_stop_reports_are_shown_as_text() -> Non
     assert "skipped A1/prep: [red]␛[2J" in out and "\x1b[33m" in out  # the host's text as text, aerie's yellow kept
 
 
+def test_an_eval_reports_warnings_and_flags_are_shown_too() -> None:
+    from local import evaluation
+
+    config = {"num_steps": 3, "topk": 1, "num_draft_tokens": 4, "accept_length": 2.5, "tokens_per_s": 120.0,
+              "speedup": 1.2, "flags": ["--x", HOSTILE]}
+    report = {"draft": f"d{HOSTILE}", "prompts": 8, "max_new_tokens": 64, "baseline": {"tokens_per_s": 100.0},
+              "configs": [config], "best": config, "warnings": [f"server said {HOSTILE}"]}
+    console = terminal(120)
+    evaluation.show(report, console)
+    assert_harmless(console.file.getvalue())  # type: ignore[attr-defined]
+
+
 # -- the probes of issue 22, as typed ----------------------------------------------------------
 
 STAGE = '''\
