@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from local import jobs, pipeline, status_data
+from local.cli import RICH_SYNTAX
 from local.errors import AerieError
 from local.host import RemoteHost
 from local.visible import VisibleStream, visible
@@ -52,7 +53,7 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | N
     deploying.check_sources(paths=plan.send)
     where = f"{host.name}:{host.root}"
     if plan.is_noop:
-        console.print(f"Nothing to deploy: {where} runs release {visible(str(plan.base))}, identical to this checkout.")
+        console.print(_line(f"Nothing to deploy: {where} runs release {visible(str(plan.base))}, identical to this checkout."))
         return plan.base
     listed = [(label, path, style) for label, paths, style in
               (("add", plan.added, "green"), ("change", plan.changed, "yellow"), ("remove", plan.removed, "red"))
@@ -64,7 +65,7 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | N
         console.print(f"  ... and {len(listed) - len(shown)} more (`inv deploy --dry-run` lists all)")
     summary = f"{len(plan.added)} added, {len(plan.changed)} changed, {len(plan.removed)} removed"
     if dry_run:
-        console.print(f"Dry run: would deploy {summary} to {where} (now {visible(str(plan.base or 'nothing'))}).")
+        console.print(_line(f"Dry run: would deploy {summary} to {where} (now {visible(str(plan.base or 'nothing'))})."))
         return None
     release = deploying.push(host, plan)
     live = deploying.current_release(host)  # read after the switch: a deploy from elsewhere may have followed it
@@ -72,7 +73,7 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | N
         raise AerieError(f"{where}: another deploy replaced release {release} before this one ended; the host runs "
                          f"{visible(str(live.get('id')))}, not this checkout: `inv deploy` again to send it")
     live_as = "it is live" if live.get("id") == release else f"the host runs {visible(str(live.get('id')))}, the same files"
-    console.print(f"Deployed release {release} to {where}: {summary}; {live_as}.")
+    console.print(_line(f"Deployed release {release} to {where}: {summary}; {live_as}."))
     return release
 
 
@@ -116,8 +117,8 @@ def run(host: RemoteHost, console: Console, datasets: list[str] | None) -> dict[
     if not result["launched"]:
         raise AerieError(f"the pipeline is {visible(result['reason']).replace('already running', 'already running on ' + host.name)}: "
                          "watch it with `inv status --watch`, or `inv stop -d pipeline` first")
-    console.print(f"pipeline started on {host.name} (runner {visible(str(result['where']))}): "
-                  f"{len(spec['config']['stage']['plan'])} jobs; `inv status --watch` follows it")
+    console.print(_line(f"pipeline started on {host.name} (runner {visible(str(result['where']))}): "
+                        f"{len(spec['config']['stage']['plan'])} jobs; `inv status --watch` follows it"))
     return result
 
 
@@ -181,7 +182,7 @@ def demo(host: RemoteHost, console: Console) -> dict[str, Any]:
     validating.check(host.inventory, console)
     deploy(host, console)
     built = host.call("assets")
-    console.print(f"{'built' if built['built'] else 'reusing'} the tiny target in {visible(built['path'])}")
+    console.print(_line(f"{'built' if built['built'] else 'reusing'} the tiny target in {visible(built['path'])}"))
     run(host, console, None)
     return follow(lambda: host.call("status"), console, f"{host.name}:{host.root}")  # its last frame stays
 
@@ -197,8 +198,9 @@ def report(console: Console, results: list[dict[str, Any]], verb: str) -> None:
 
 def _line(*parts: str | tuple[str, str]) -> Any:
     """A line of text and (text, style) parts whose text is printed as it is, never read as markup;
-    plain text stays a `str`, which the console writes without importing rich (local/cli.py)."""
-    if all(isinstance(p, str) for p in parts) and not any("[" in p or ":" in p for p in parts):  # type: ignore[operator]
+    plain text that rich would not change stays a `str`, which the console writes without importing
+    rich (local/cli.py: a deploy that sends nothing never imports it)."""
+    if all(isinstance(p, str) and not RICH_SYNTAX.search(p) for p in parts):
         return "".join(parts)  # type: ignore[arg-type]
     from rich.text import Text
 
