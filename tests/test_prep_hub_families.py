@@ -156,6 +156,14 @@ def test_arrow_unified_tool_schemas_lose_the_other_tools_keys_and_calls_their_nu
         assert json.loads(call["arguments"]) == raw["messages"][1]["tool_calls"][0]["function"]["arguments"]
 
 
+def test_through_arrow_bare_and_wrapped_schemas_in_one_dataset_both_become_a_clients():
+    bare = {**GLAIVE_TOOLS[0]}
+    wrapped = ARROW_TOOL_ROWS[1]["tools"][0]
+    rows = through_arrow([{"tools": [bare]}, {"tools": [wrapped]}])
+    assert rows[0]["tools"][0]["function"] is None and rows[1]["tools"][0]["name"] is None  # what Arrow made
+    assert [normalise_tools(row["tools"]) for row in rows] == [[{"type": "function", "function": bare}], [wrapped]]
+
+
 @pytest.mark.parametrize(("tools", "expected"), [
     ('{"name": "f", "parameters": {"type": "object"}}', [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
     (['{"name": "f"}'], [{"type": "function", "function": {"name": "f"}}]),
@@ -239,6 +247,12 @@ def test_messages_beside_prompt_and_output_in_another_models_tokens_are_what_is_
     assert record.dropped == Counter()
 
 
+def test_a_prompt_response_pair_is_a_user_and_an_assistant_turn():
+    record = normalise({"prompt": "Name a prime.", "response": "Seven."}, 0)
+    assert (record.format, record.conversations) == ("prompt", [
+        {"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": "Seven."}])
+
+
 # -- against Kimi-K2.5's real tokenizer --------------------------------------------------------
 
 
@@ -274,6 +288,16 @@ def test_each_family_learns_every_assistant_turn_its_reasoning_and_its_calls_as_
         text = kimi.decode(prepared.tokens[prepared.records.index(record)].input_ids.tolist())
         assert text.startswith(_client_declaration(kimi, record.tools)) and "type " in text
     assert prepared.summary.tool_declarations == {"typescript": len(rows)}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_through_arrow_gives_the_same_records_and_tokens(kimi, family):
+    rows = sample_rows(family)
+    direct, arrow = prepare(kimi, rows), prepare(kimi, through_arrow(rows))
+    assert [r.to_json() for r in arrow.records] == [r.to_json() for r in direct.records]
+    assert [t.input_ids.tolist() for t in arrow.tokens] == [t.input_ids.tolist() for t in direct.tokens]
+    assert [t.loss_mask.tolist() for t in arrow.tokens] == [t.loss_mask.tolist() for t in direct.tokens]
+    assert arrow.summary.dropped_fields == direct.summary.dropped_fields
 
 
 def test_every_observation_answers_its_call_by_kimis_id(kimi):
