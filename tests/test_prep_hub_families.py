@@ -87,10 +87,27 @@ def test_every_spelling_of_the_call_tag_is_a_tool_call(tag):
     assert normalise(row, 0).conversations[1]["tool_calls"][0]["function"] == {"name": "f", "arguments": "{}"}
 
 
-def test_a_function_call_turn_that_is_not_json_is_a_named_skip():
-    row = {"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": "get_rate(USD)"}]}
+@pytest.mark.parametrize("value", ["get_rate(USD)", "[]", "7", None])
+def test_a_function_call_turn_that_is_not_the_json_of_a_call_is_a_named_skip(value):
+    row = {"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": value}]}
     with pytest.raises(Skip, match=r"^a 'function_call' turn is not the JSON of a tool call$"):
         normalise(row, 0)
+
+
+def test_llama_factory_role_tags_on_openai_messages_give_the_same_calls_and_results():
+    row = {"messages": [{"role": "user", "content": "q"},
+                        {"role": "function_call", "content": '{"name": "f", "arguments": {"x": 1}}'},
+                        {"role": "observation", "content": "r"}, {"role": "assistant", "content": "a"}]}
+    record = normalise(row, 0)
+    assert record.format == "openai_tools"
+    assert [t["role"] for t in record.conversations] == ["user", "assistant", "tool", "assistant"]
+    assert record.conversations[1]["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
+
+
+def test_a_function_call_turn_whose_value_is_already_an_object_is_read_too():
+    row = {"conversations": [{"from": "human", "value": "q"},
+                             {"from": "function_call", "value": {"name": "f", "arguments": {"x": 1}}}]}
+    assert normalise(row, 0).conversations[1]["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
 
 
 # -- content parts ------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from remote.prep.content import placeholder_media, read_content, row_media
+from remote.prep.content import Content, placeholder_media, read_content, row_media
 from remote.prep.errors import Skip
 from remote.prep.roles import canonical_role, is_call_role
 from remote.prep.tools import normalise_tools, tool_calls
@@ -158,12 +158,13 @@ def _turn(raw: Any, position: int, dropped: Counter) -> dict[str, Any] | None:
         raise Skip("turn without a role")
     role = _role(name)
     _count_dropped(raw, TURN_FIELDS | ROLE_FIELDS.get(role, set()), dropped)
-    content = read_content(next((raw[k] for k in CONTENT_FIELDS if raw.get(k) is not None), None))
+    value = next((raw[k] for k in CONTENT_FIELDS if raw.get(k) is not None), None)
+    if is_call_role(name):  # ShareGPT's `function_call`: the value is the call(s), as JSON text
+        content = Content(calls=_call_turn(value, name))
+    else:
+        content = read_content(value)
     if role != "assistant" and (content.reasoning or content.calls):
         raise Skip(f"a reasoning or tool-call content part in a {role} turn")
-    if is_call_role(name):  # ShareGPT's `function_call`: the value is the JSON of the call(s)
-        content.calls.extend(_call_turn(content.text, name))
-        content.text = ""
     turn: dict[str, Any] = {"role": role, "content": content.text}
     if role == "assistant":
         reasoning = next((raw[k] for k in REASONING_FIELDS if isinstance(raw.get(k), str)), None) or content.reasoning
@@ -184,11 +185,17 @@ def _turn(raw: Any, position: int, dropped: Counter) -> dict[str, Any] | None:
     return turn
 
 
-def _call_turn(text: str, name: str) -> list[Any]:
-    try:
-        calls = json.loads(text)
-    except json.JSONDecodeError:
-        raise Skip(f"a {name!r} turn is not the JSON of a tool call") from None
+def _call_turn(value: Any, name: str) -> list[Any]:
+    """The calls of a ShareGPT ``function_call`` turn: ``{"name", "arguments"}`` or a list of them,
+    as JSON text (or already parsed)."""
+    calls = value
+    if isinstance(value, str):
+        try:
+            calls = json.loads(value)
+        except json.JSONDecodeError:
+            calls = None
+    if not isinstance(calls, (dict, list)) or not calls:
+        raise Skip(f"a {name!r} turn is not the JSON of a tool call")
     return calls if isinstance(calls, list) else [calls]
 
 
@@ -212,8 +219,8 @@ def _merge_calls(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for turn in turns:
         before = out[-1] if out else None
-        calls_only = turn["role"] == "assistant" and turn.get("tool_calls") and not turn["content"] \
-            and not turn.get("reasoning_content")
+        calls_only = (turn["role"] == "assistant" and turn.get("tool_calls") and not turn["content"]
+                      and not turn.get("reasoning_content"))
         if calls_only and before is not None and before["role"] == "assistant":
             out[-1] = {**before, "tool_calls": (before.get("tool_calls") or []) + turn["tool_calls"]}
             continue
