@@ -134,6 +134,13 @@ def test_a_text_part_is_read_whichever_key_holds_its_text(key):
     assert [t["content"] for t in normalise(row, 0).conversations] == ["hi", "hello"]
 
 
+def test_thinking_and_refusal_parts_under_their_own_keys_are_reasoning_and_words():
+    row = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "Not allowed."}, {"type": "refusal", "refusal": "I can't help with that."}]}]}
+    assert normalise(row, 0).conversations[1] == {"role": "assistant", "content": "I can't help with that.",
+                                                  "reasoning_content": "Not allowed."}
+
+
 @pytest.mark.parametrize(("part", "reason"), [
     ({"type": "citation", "value": "[1]"}, "content part of type 'citation' not understood (keys: type, value)"),
     ({"type": "text", "data": "hi", "text": None}, "content part of type 'text' has no text under text, value, content (keys: data, type)"),

@@ -30,9 +30,10 @@ ANSWER_FIELDS = ("output", "response", "completion", "answer", "solution")
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 CONTENT_FIELDS = ("content", "value", "text")
 #: The fields of a turn prep reads, by role; any other that holds something is counted as dropped.
-TURN_FIELDS = {"role", "from", *CONTENT_FIELDS}
-ROLE_FIELDS = {"assistant": {*REASONING_FIELDS, "tool_calls", "function_call"}, "tool": {"tool_call_id", "name"}}
-SWE_AGENT_FIELDS = {"role", "text", "system_prompt"}
+TURN_FIELDS = frozenset({"role", "from", *CONTENT_FIELDS})
+USED_FIELDS = {"assistant": TURN_FIELDS | {*REASONING_FIELDS, "tool_calls", "function_call"},
+               "tool": TURN_FIELDS | {"tool_call_id", "name"}}
+SWE_AGENT_FIELDS = frozenset({"role", "text", "system_prompt"})
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
@@ -157,7 +158,7 @@ def _turn(raw: Any, position: int, dropped: Counter) -> dict[str, Any] | None:
     if name is None:
         raise Skip("turn without a role")
     role = _role(name)
-    _count_dropped(raw, TURN_FIELDS | ROLE_FIELDS.get(role, set()), dropped)
+    _count_dropped(raw, USED_FIELDS.get(role, TURN_FIELDS), dropped)
     value = next((raw[k] for k in CONTENT_FIELDS if raw.get(k) is not None), None)
     if is_call_role(name):  # ShareGPT's `function_call`: the value is the call(s), as JSON text
         content = Content(calls=_call_turn(value, name))
@@ -228,11 +229,11 @@ def _merge_calls(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _count_dropped(raw: dict[str, Any], used: set[str], dropped: Counter) -> None:
+def _count_dropped(raw: dict[str, Any], used: frozenset[str], dropped: Counter) -> None:
     """Count the fields of a turn that prep does not use and that hold something (through Arrow every
     turn has every turn's fields, as None: those hold nothing)."""
-    for key, value in raw.items():
-        if key not in used and value not in (None, "", [], {}):
+    for key in raw.keys() - used:
+        if raw[key] not in (None, "", [], {}):
             dropped[str(key)] += 1
 
 
