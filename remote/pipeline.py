@@ -97,7 +97,7 @@ class Runner:
             "dataset": node["spec"]["dataset"], "stage": node["spec"]["stage"], "state": JobState.WAITING.value,
             "executor": "process",
             "waiting_for": waiting_for, "blocked_by": blocked_by, "message": message, "pid": self.me.get("pid"),
-            "pid_start": self.me.get("pid_start"), "stall_after": 10 ** 9,
+            "pid_start": self.me.get("pid_start"), "boot_id": self.me.get("boot_id"), "stall_after": 10 ** 9,
         }
         try:
             recorded = read_object(directory / "state.json")

@@ -2,8 +2,10 @@
 
 Started by `remote.jobs.launch` in a session of its own, so it outlives the SSH
 connection that started it. It records the exit and decides the end state:
-`succeeded`, `empty` (exit 0, zero records), `failed`, `died` (the stage was
-killed by SIGKILL, as the OOM killer does) or `stopped` (by `inv stop`).
+`succeeded`, `empty` (exit 0, zero records), `failed`, `stopped` (only when
+`inv stop` asked: its request, ``stop.json``, is written before it signals) or
+`died` (ended by any other signal: the OOM killer's SIGKILL, systemd's SIGTERM
+at shutdown, an operator's `kill`), with the signal named.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from remote import scratch, server
-from remote.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, last_line, tail
-from remote.processes import die_with_parent, process_start
+from remote.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, bounded, last_line, tail
+from remote.processes import die_with_parent, identity
 from remote.progress import PROGRESS_ENV, read_json, read_mapping, write_json_atomic
 from remote.stages import DEFAULT_COMMANDS
 from remote.states import JobState
+from remote.store import STOP
 
 
 def stage_env(spec: dict[str, Any], directory: Path, release: Path, run: str = "") -> dict[str, str]:
@@ -76,29 +79,38 @@ def killed_by(exit_code: int) -> signal.Signals | None:
         return None
 
 
-def end_state(exit_code: int, records: int, stopping: bool) -> JobState:
+def end_state(exit_code: int, records: int, stopping: bool, signalled: signal.Signals | None = None) -> JobState:
+    """`stopping`: `inv stop` asked; `signalled`: the supervisor was sent a signal by anyone else."""
     if stopping:
         return JobState.STOPPED
-    if killed_by(exit_code) == signal.SIGKILL:  # what the OOM killer sends
+    if signalled or killed_by(exit_code):  # the OOM killer's SIGKILL, systemd's SIGTERM, an operator's kill
         return JobState.DIED
     if exit_code != 0:
         return JobState.FAILED
     return JobState.SUCCEEDED if records > 0 else JobState.EMPTY
 
 
-def end_message(state: JobState, exit_code: int, progress: dict[str, Any], log: Path, no_space: bool = False) -> str:
+def end_message(state: JobState, exit_code: int, progress: dict[str, Any], log: Path, no_space: bool = False,
+                signalled: signal.Signals | None = None) -> str:
+    if state == JobState.DIED:
+        name = (signalled or killed_by(exit_code) or signal.SIGKILL).name
+        why = last_line(log, ERROR_LIMIT)
+        return f"killed by {name}, not by `inv stop`" + (f"; its log ends: {why}" if why else "")
     if state == JobState.EMPTY:
         reasons = sorted(progress.get("skip_reasons", {}).items(), key=lambda kv: -kv[1])[:3]
         why = ", ".join(f"{reason} ×{count}" for reason, count in reasons) or "the stage reported no records"
         return f"exit 0 with zero records: {why}"
-    if killed_by(exit_code):
-        return f"killed by {killed_by(exit_code).name}"
     if state == JobState.FAILED and no_space:
-        why = last_line(log)
+        why = last_line(log, ERROR_LIMIT)
         return f"no space left on device: exit {exit_code}" + (f": {why}" if why and scratch.NO_SPACE not in why else "")
     if state == JobState.FAILED:
-        return f"exit {exit_code}: {last_line(log)}"
+        return f"exit {exit_code}: {last_line(log, ERROR_LIMIT)}"
     return progress.get("message", "")
+
+
+#: The most of a job's error kept in its state (its end: a stage's last words say what went wrong);
+#: the status table shortens it to its width, `inv status --json` and the lines under the table do not.
+ERROR_LIMIT = 4096
 
 
 @contextmanager
@@ -125,6 +137,7 @@ class Supervisor:
         self.directory = directory
         self.state_path = directory / "state.json"
         self.stopping = False
+        self.signalled: signal.Signals | None = None
         self.child: subprocess.Popen[bytes] | None = None
 
     def run(self) -> int:
@@ -134,8 +147,8 @@ class Supervisor:
         # Under Slurm the job was only queued by the launcher: this is where it starts, and on which node.
         # The run's id names its temporary files, so that no other run of this job can take them for its own.
         self.run_id = f"{time.time_ns():x}-{os.getpid()}"
-        state.update(state=JobState.RUNNING.value, pid=os.getpid(), pgid=os.getpgrp(),
-                     pid_start=process_start(os.getpid()), node=socket.gethostname(), run=self.run_id,
+        state.update(state=JobState.RUNNING.value, **identity(os.getpid()), pgid=os.getpgrp(),
+                     node=socket.gethostname(), run=self.run_id,
                      started_at=state.get("started_at") or time.time())
         write_json_atomic(self.state_path, state)
         release = Path.cwd()
@@ -143,6 +156,7 @@ class Supervisor:
         self.output = Path(env["AERIE_OUTPUT"])
         self.output.mkdir(parents=True, exist_ok=True)
         signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         command = stage_command(spec)
         print(f"{SUPERVISOR_MARK} {spec['stage']} {spec['dataset']} on release {release.name}: {command}", flush=True)
@@ -165,7 +179,12 @@ class Supervisor:
             fcntl.flock(handle, fcntl.LOCK_EX)
 
     def _on_term(self, signum: int, frame: object) -> None:
-        self.stopping = True
+        # NOTE: `inv stop` writes its request before it signals; a signal without one (systemd at
+        # shutdown, an operator's kill) is not a stop, and the job must not look finished on purpose.
+        if (self.directory / STOP).exists():
+            self.stopping = True
+        else:
+            self.signalled = self.signalled or signal.Signals(signum)
         if self.child and self.child.poll() is None:
             self.child.send_signal(signal.SIGTERM)
 
@@ -184,7 +203,7 @@ class Supervisor:
     def _finish(self, state: dict[str, Any], exit_code: int) -> JobState:
         progress = read_mapping(self.directory / "progress.json")
         records = progress.get("records", 0) if isinstance(progress.get("records"), int) else 0
-        ended = end_state(exit_code, records, self.stopping)
+        ended = end_state(exit_code, records, self.stopping, self.signalled)
         no_space = False
         if ended != JobState.SUCCEEDED:
             log = self.directory / "log"
@@ -196,9 +215,10 @@ class Supervisor:
         state.update(
             state=ended.value,
             exit_code=exit_code,
-            signal=getattr(killed_by(exit_code), "name", None),
+            signal=getattr(self.signalled or killed_by(exit_code), "name", None),
             ended_at=time.time(),
-            message=end_message(ended, exit_code, progress, self.directory / "log", no_space),
+            message=bounded(end_message(ended, exit_code, progress, self.directory / "log", no_space, self.signalled),
+                            2 * ERROR_LIMIT),
         )
         # The log's last line first: `inv logs --follow` ends when it reads the end state, and must have it.
         _log_line(f"{SUPERVISOR_MARK} {ended.value}: exit {exit_code}, {records} records")
