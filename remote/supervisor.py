@@ -21,9 +21,10 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from remote import scratch, server
+from remote.logfile import CappedLog
 from remote.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, bounded, last_line, tail
 from remote.processes import die_with_parent, identity
 from remote.progress import PROGRESS_ENV, read_json, read_mapping, write_json_atomic
@@ -114,7 +115,7 @@ ERROR_LIMIT = 4096
 
 
 @contextmanager
-def inference_server(settings: dict[str, Any] | None, directory: Path) -> Iterator[None]:
+def inference_server(settings: dict[str, Any] | None, directory: Path, say: Callable[[str], None]) -> Iterator[None]:
     """The server an infer job needs, for that job alone (on Slurm, inside its allocation).
 
     On one host `inv run`'s pipeline runner manages the server instead, and such
@@ -126,7 +127,7 @@ def inference_server(settings: dict[str, Any] | None, directory: Path) -> Iterat
         return
     try:
         pid = managed.ensure(sys.executable)
-        print(f"{SUPERVISOR_MARK} inference server pid {pid} healthy", flush=True)
+        say(f"{SUPERVISOR_MARK} inference server pid {pid} healthy")
         yield
     finally:
         managed.stop()
@@ -139,6 +140,7 @@ class Supervisor:
         self.stopping = False
         self.signalled: signal.Signals | None = None
         self.child: subprocess.Popen[bytes] | None = None
+        self.log: CappedLog | None = None
 
     def run(self) -> int:
         self._wait_for_launcher()
@@ -151,6 +153,9 @@ class Supervisor:
                      node=socket.gethostname(), run=self.run_id,
                      started_at=state.get("started_at") or time.time())
         write_json_atomic(self.state_path, state)
+        # Every byte of the log passes through here from now on, so that it stays under its limit.
+        self.log = CappedLog(self.directory / "log", spec.get("log_limit"))
+        self.log.take_stdio()
         release = Path.cwd()
         env = {**os.environ, **stage_env(spec, self.directory, release, self.run_id)}
         self.output = Path(env["AERIE_OUTPUT"])
@@ -159,19 +164,37 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         command = stage_command(spec)
-        print(f"{SUPERVISOR_MARK} {spec['stage']} {spec['dataset']} on release {release.name}: {command}", flush=True)
+        self._log_line(f"{SUPERVISOR_MARK} {spec['stage']} {spec['dataset']} on release {release.name}: {command}")
         try:
-            with inference_server(spec.get("server"), self.directory):
-                # The stage dies with this supervisor: a kill -9 here must not leave it writing on its own.
-                self.child = subprocess.Popen(["/bin/sh", "-c", exec_form(command)], cwd=release, env=env,
-                                              preexec_fn=die_with_parent(os.getpid()))
-                exit_code = self._wait(state)
+            with inference_server(spec.get("server"), self.directory, self._log_line):
+                exit_code = self._run_stage(command, release, env, state)
         except server.ServerError as exc:
-            print(f"inference server: {exc}", flush=True)
+            self._log_line(f"inference server: {exc}")
             exit_code = 1
         ended = self._finish(state, exit_code)
         # Only a success exits 0: Slurm's `afterok` dependents (and its own end state) read this.
         return 0 if ended == JobState.SUCCEEDED else 1
+
+    def _run_stage(self, command: str, release: Path, env: dict[str, str], state: dict[str, Any]) -> int:
+        """Run the stage, its output piped into the capped log, until it exits; its exit code."""
+        import threading
+
+        assert self.log is not None
+        read_end, write_end = os.pipe()
+        try:
+            # The stage dies with this supervisor: a kill -9 here must not leave it writing on its own.
+            self.child = subprocess.Popen(["/bin/sh", "-c", exec_form(command)], cwd=release, env=env,
+                                          stdout=write_end, stderr=subprocess.STDOUT,
+                                          preexec_fn=die_with_parent(os.getpid()))
+        finally:
+            os.close(write_end)
+        pump = threading.Thread(target=self.log.pump, args=(read_end,), daemon=True)
+        pump.start()
+        exit_code = self._wait(state)
+        # NOTE: a process the stage left behind may hold the pipe open for ever; what the stage wrote
+        # itself is in the pipe already and is drained at once.
+        pump.join(timeout=PUMP_DRAIN_S)
+        return exit_code
 
     def _wait_for_launcher(self) -> None:
         # The launcher holds this lock until it has recorded our pid; then state.json is ours.
@@ -210,8 +233,8 @@ class Supervisor:
             no_space = scratch.is_nearly_full(self.output) or scratch.NO_SPACE in tail(log)
             removed = scratch.remove_temporaries(self.output, self.run_id)
             if removed:
-                _log_line(f"{SUPERVISOR_MARK} removed this run's temporary files: {', '.join(removed[:5])}"
-                          + (f" and {len(removed) - 5} more" if len(removed) > 5 else ""))
+                self._log_line(f"{SUPERVISOR_MARK} removed this run's temporary files: {', '.join(removed[:5])}"
+                               + (f" and {len(removed) - 5} more" if len(removed) > 5 else ""))
         state.update(
             state=ended.value,
             exit_code=exit_code,
@@ -221,16 +244,23 @@ class Supervisor:
                             2 * ERROR_LIMIT),
         )
         # The log's last line first: `inv logs --follow` ends when it reads the end state, and must have it.
-        _log_line(f"{SUPERVISOR_MARK} {ended.value}: exit {exit_code}, {records} records")
+        self._log_line(f"{SUPERVISOR_MARK} {ended.value}: exit {exit_code}, {records} records")
         write_state_last(self.state_path, state)
         return ended
 
+    def _log_line(self, text: str) -> None:
+        """One line of the supervisor's own in the job's log (a full disk loses it; the state says it all)."""
+        if self.log is not None:
+            self.log.line(text)
+            return
+        try:
+            print(text, flush=True)
+        except OSError:
+            pass
 
-def _log_line(text: str) -> None:
-    try:
-        print(text, flush=True)
-    except OSError:  # the log's disk is full; the state record says it all
-        pass
+
+#: How long the supervisor waits, once the stage has exited, for the rest of its output.
+PUMP_DRAIN_S = 2.0
 
 
 def _remove_torn(path: Path) -> None:

@@ -20,6 +20,7 @@ import pytest
 
 from remote import __main__ as verbs
 from remote import jobs
+from remote.logfile import CappedLog
 from remote.states import JobState
 from remote.store import JobStore
 from tests.harness import REPO, SCRIPTED, wait_for
@@ -356,15 +357,12 @@ def test_the_logs_end_line_is_written_before_the_end_state(tmp_path: Path, monke
     seen_at_end: list[str] = []
 
     def write_state(path: Path, state: dict[str, Any]) -> None:
-        sys.stdout.flush()
         seen_at_end.append(log.read_text())
 
     ran = supervisor.Supervisor(directory)
-    ran.output, ran.run_id = tmp_path / "data", "run-1"
-    with log.open("a") as handle:
-        monkeypatch.setattr(sys, "stdout", handle)  # a supervisor's stdout is its job's log
-        monkeypatch.setattr(supervisor, "write_state_last", write_state)
-        assert ran._finish({"state": "running"}, 0) == JobState.EMPTY  # no progress file: no records
+    ran.output, ran.run_id, ran.log = tmp_path / "data", "run-1", CappedLog(log, None)
+    monkeypatch.setattr(supervisor, "write_state_last", write_state)
+    assert ran._finish({"state": "running"}, 0) == JobState.EMPTY  # no progress file: no records
     assert len(seen_at_end) == 1 and "[aerie] empty: exit 0, 0 records" in seen_at_end[0]
 
 
