@@ -90,3 +90,22 @@ def test_rerun_after_a_reboot_never_signals_the_process_that_took_the_servers_pi
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_inv_stop_of_a_pipeline_stops_its_inference_server_too(bench: Bench, free_port: int) -> None:
+    plans = bench.root.parent / "plans"
+    pipeline_inventory(bench, plans, free_port)
+    (plans / "A.infer").write_text("records=1 hold=300")
+    bench.inv("deploy")
+    bench.inv("run")
+    bench.wait_state("A/infer", {"running"}, timeout=90)
+    server = json.loads((bench.root / "jobs" / "pipeline" / "server.json").read_text())
+    try:
+        bench.inv("stop", "--all")
+        jobs = bench.poll()
+        assert jobs["pipeline/run"]["state"] == "stopped" and jobs["A/infer"]["state"] == "stopped", jobs
+        wait_for(lambda: is_gone(server["pid"]), 20, "the server to be stopped with its runner")
+        assert not (bench.root / "jobs" / "pipeline" / "server.json").exists()
+    finally:
+        if not is_gone(server["pid"]):  # it failed: leave nothing running on the machine
+            kill_group(server["pid"])
