@@ -5,7 +5,7 @@ stderr reach it through a pipe, so a runaway stage cannot fill the host's disk: 
 log would pass the job's `log_limit` (the spec's, from ``stages.<stage>.log_limit``), its
 newest half is copied behind one marker line into a new file, renamed into place::
 
-    [aerie] this log is capped at 268435456 bytes (stages.<stage>.log_limit): its first 1234567 bytes were cut
+    [aerie] this log is capped at 67108864 bytes (the stage's log_limit): its first 1234567 bytes were cut
 
 Reading: `write_last_lines` finds where the last N lines start by reading backwards from
 the end, then copies them out in blocks, so it holds one block whatever the log's size;
@@ -29,7 +29,7 @@ BLOCK = 64 * 1024
 LINE_LIMIT = 16 * 1024
 #: How far back `inv logs` looks for the start of its lines; a capped log is never that long.
 SCAN_LIMIT = 1 << 30
-MARKER = "[aerie] this log is capped at {limit} bytes (stages.<stage>.log_limit): its first {cut} bytes were cut\n"
+MARKER = "[aerie] this log is capped at {limit} bytes (the stage's log_limit): its first {cut} bytes were cut\n"
 HEADER = re.compile(rb"\[aerie\] this log is capped at \d+ bytes [^\n]*: its first (\d+) bytes were cut\n")
 
 
@@ -44,8 +44,7 @@ class CappedLog:
         self._lock = threading.Lock()
         self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         self.size = os.fstat(self._fd).st_size
-        self.header = len(_header_line(self._fd))
-        self.cut = _cut_before(self._fd)
+        self.cut, self.header = marker_of(self._fd)
         self._stdio = False
 
     def take_stdio(self) -> None:
@@ -122,15 +121,11 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _header_line(fd: int) -> bytes:
+def marker_of(fd: int) -> tuple[int, int]:
+    """How many bytes of the job's output were cut before this file's content, and the length of the
+    marker line that says so (0, 0 for a log never cut)."""
     match = HEADER.match(os.pread(fd, 512, 0))
-    return match.group(0) if match else b""
-
-
-def _cut_before(fd: int) -> int:
-    """How many bytes of the log were cut before this file's first byte after its marker."""
-    match = HEADER.match(os.pread(fd, 512, 0))
-    return int(match.group(1)) if match else 0
+    return (int(match.group(1)), match.end()) if match else (0, 0)
 
 
 # -- reading ---------------------------------------------------------------------------
@@ -201,7 +196,8 @@ def follow(path: Path, handle: BinaryIO, offset: int, is_over: Callable[[], bool
     """Write what is added to the log from `offset` on, across the writer's cuts, until `is_over()`
     (checked only when nothing new is there; what was written before it is written too)."""
     handle.seek(offset)
-    position = _cut_before(handle.fileno()) + offset - len(_header_line(handle.fileno()))  # in the job's whole output
+    cut, header = marker_of(handle.fileno())
+    position = cut + offset - header  # in the job's whole output
     while True:
         handle, position, moved = _catch_up(path, handle, position, write)
         if moved:
@@ -230,7 +226,7 @@ def _catch_up(path: Path, handle: BinaryIO, position: int,
             fresh = open(path, "rb")
         except FileNotFoundError:
             return handle, position, moved
-        cut, header = _cut_before(fresh.fileno()), len(_header_line(fresh.fileno()))
+        cut, header = marker_of(fresh.fileno())
         if position < cut:
             write(f"\n[aerie: {cut - position} bytes were cut from the log before they could be shown]\n".encode())
             position = cut

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from remote import scratch, server
-from remote.logfile import CappedLog
 from remote.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, bounded, last_line, tail
+from remote.logfile import CappedLog
 from remote.processes import die_with_parent, identity
 from remote.progress import PROGRESS_ENV, read_json, read_mapping, write_json_atomic
 from remote.stages import DEFAULT_COMMANDS
