@@ -550,3 +550,14 @@ def test_a_slurm_job_cancelled_by_anyone_but_inv_stop_is_died() -> None:
         shown, note = slurm_jobs.effective({**state, "state": recorded}, {}, 2.0, cancelled)
         assert shown == seen and note.startswith("Slurm: CANCELLED on n1"), (recorded, shown, note)
         assert ("not by `inv stop`" in note) == (seen == JobState.DIED)
+
+
+@pytest.mark.parametrize("case", ["the pid handed on (another start time)", "another boot, with the same start time"])
+def test_evals_leftover_server_record_never_gets_a_process_that_is_not_ours_signalled(
+        tmp_path: Path, bystander: subprocess.Popen[bytes], case: str) -> None:
+    from remote.stages import eval as evaluation
+
+    record = tmp_path / "server.json"
+    record.write_text(json.dumps(_records_of(bystander)[case]))
+    evaluation.stop_leftover_server(record)
+    assert bystander.poll() is None and not record.exists()
