@@ -132,6 +132,7 @@ def check(inventory: Inventory, console: Console, as_json: bool = False, cached:
 
 
 def show(console: Console, fresh: list[dict[str, Any]], reused: list[str]) -> None:
+    """The table, the cached datasets' names, the notes and each dataset's details: every value `visible`."""
     from rich.text import Text
 
     if fresh:
@@ -140,6 +141,24 @@ def show(console: Console, fresh: list[dict[str, Any]], reused: list[str]) -> No
         console.print(f"validated (cached): {_names(reused)} (`--revalidate` checks again)")
     for note in sorted({e["note"] for e in fresh if e.get("note")}):  # a cached entry's note was shown before
         console.print(Text.assemble(("note:", "yellow"), " ", visible(note)))
+    for line in filter(None, map(details, fresh)):  # a dropped field's name is a row's key: the data's
+        console.print(Text(visible(line)))
+
+
+#: How each kind of `tool_declarations` reads (`remote.prep.template.tool_declaration`).
+DECLARED = {"typescript": "TypeScript-style", "json": "as JSON", "other": "otherwise"}
+
+
+def details(entry: dict[str, Any]) -> str | None:
+    """What the table has no room for: how the rows' tools were declared, and the fields of turns prep
+    dropped ("thoughts dropped in 312 turns"); None when there is neither."""
+    said = []
+    if entry.get("tool_declarations"):
+        said.append("tools declared " + ", ".join(
+            f"{DECLARED.get(kind, kind)} in {n} row{'s' * (n != 1)}" for kind, n in entry["tool_declarations"].items()))
+    if entry.get("dropped_fields"):
+        said.append(", ".join(f"{name} dropped in {n} turn{'s' * (n != 1)}" for name, n in entry["dropped_fields"].items()))
+    return f"{entry['dataset']}: {'; '.join(said)}" if said else None
 
 
 def _names(names: list[str], shown: int = 8) -> str:
