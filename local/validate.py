@@ -124,10 +124,12 @@ def check(inventory: Inventory, console: Console, as_json: bool = False, cached:
         print(json.dumps(entries, indent=2))  # JSON escapes every control character itself
     else:
         show(console, fresh, list(reused))
-    bad = visible_all([e for e in entries if e["error"] or not e["kept"]])
+    bad: dict[str, list[str]] = {}  # by reason: a thousand datasets that fail alike are one clause
+    for e in visible_all([e for e in entries if e["error"] or not e["kept"]]):
+        bad.setdefault(e["error"] or ", ".join(list(e["skip_reasons"])[:2]) or "no rows", []).append(e["dataset"])
     if bad:
         raise AerieError("datasets that would give zero records: " + "; ".join(
-            f"{e['dataset']} ({e['error'] or ', '.join(list(e['skip_reasons'])[:2]) or 'no rows'})" for e in bad))
+            f"{_names(names)} ({reason})" for reason, names in bad.items()))
     return entries
 
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
 import yaml
+from rich.console import Console
 
 from local import validate
+from local.errors import AerieError
 from local.inventory import load
+from local.validate_cache import ValidationCache
 from remote.prep.validate import validate as validate_on_host
 from tests.harness import Bench, copy_checkout
 
@@ -42,3 +46,17 @@ def test_deploy_with_a_thousand_datasets_over_ssh(tmp_path: Path, sshd) -> None:
     assert "validated (cached): D0000" in again.stdout and "and 992 more" in again.stdout
     assert "Nothing to deploy" in again.stdout
     assert bench.inv("status").stdout == "No jobs yet.\n"
+
+
+def test_datasets_that_fail_alike_are_one_clause_of_the_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    names = [f"D{i:04d}" for i in range(1000)] + ["odd"]
+    inv = load(str(inventory(tmp_path, {name: {"source": "x.jsonl", "kind": "native"} for name in names})))
+    failing = {"kind": "native", "formats": {}, "rows": 3, "kept": 0, "skipped": 3, "error": None}
+    monkeypatch.setattr(validate, "validate", lambda inventory, asked=None: [
+        {**failing, "dataset": name, "skip_reasons": {"no conversations field (keys: id, text)": 3}} for name in names[:-1]
+    ] + [{**failing, "dataset": "odd", "skip_reasons": {}, "error": "datasets.odd.source: x.jsonl is not a file here"}])
+    with pytest.raises(AerieError) as raised:
+        validate.check(inv, Console(file=io.StringIO(), width=200), cache=ValidationCache(tmp_path / "cache"))
+    assert str(raised.value) == (
+        "datasets that would give zero records: D0000, D0001, D0002, D0003, D0004, D0005, D0006, D0007 and 992 more "
+        "(no conversations field (keys: id, text)); odd (datasets.odd.source: x.jsonl is not a file here)")
