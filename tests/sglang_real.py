@@ -296,8 +296,9 @@ class Child:
         return answer["result"]
 
     def close(self) -> None:
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
+        # NOTE: killed, not waited for: its interpreter takes seconds to tear SGLang's process group down.
+        self.process.kill()
+        self.process.wait()
         Path(self.log.name).unlink(missing_ok=True)
 
 

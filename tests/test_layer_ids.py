@@ -30,6 +30,7 @@ ARCHITECTURES = sorted(layer_ids.RULES)
 TRIPLES = [list(t) for t in itertools.combinations(range(-1, N + 1), 3)]
 
 
+@pytest.mark.e2e  # the real SGLang, in a process of its own
 def test_the_installed_sglang_is_the_pinned_one(sglang) -> None:
     assert sglang.call("version") == sglang_real.PINNED == layer_ids.SGLANG_CHECKED
 
@@ -38,6 +39,7 @@ def test_the_stand_in_models_cover_every_architecture_aerie_supports() -> None:
     assert sorted(sglang_real.MODELS) == ARCHITECTURES
 
 
+@pytest.mark.e2e  # the real SGLang, in a process of its own
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_aerie_captures_the_layers_sglangs_own_code_captures(sglang, arch: str) -> None:
     for ids in TRIPLES:
@@ -52,11 +54,13 @@ def test_aerie_captures_the_layers_sglangs_own_code_captures(sglang, arch: str) 
                 layer_ids.validate_layers(ids, N, arch)
 
 
+@pytest.mark.e2e  # the real SGLang, in a process of its own
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_a_draft_without_ids_captures_sglangs_default_layers(sglang, arch: str) -> None:
     assert layer_ids.server_default(arch, 61) == sglang.call("captures", arch, None, 61)
 
 
+@pytest.mark.e2e  # the real SGLang, in a process of its own
 def test_kimi_and_llama_read_the_same_ids_one_layer_apart(sglang) -> None:
     # The user's ids on Kimi-K2.5: the inputs of layers 2, 30, 58 -- not their outputs.
     assert sglang.call("captures", "KimiK25ForConditionalGeneration", [2, 30, 58], 61) == [2, 30, 58]

@@ -116,6 +116,7 @@ def test_the_flag_inv_check_asks_for_is_one_sglang_takes(sglang, tiny_target: Pa
     # And SGLang itself takes EAGLE with an EAGLE-3 draft without a word: only inv check says so.
     argv[argv.index("EAGLE3")] = "EAGLE"
     assert sglang.call("resolve", argv)["args"]["speculative_algorithm"] == "EAGLE"
+    assert standin.parse(argv).speculative_algorithm == "EAGLE"  # the stand-in takes it too (and accepts nothing)
 
 
 @pytest.mark.parametrize("which", ["llama", "kimi"])
