@@ -31,6 +31,7 @@ import torch
 
 from remote.eagle3 import draft_config
 from remote.eagle3.extractor import capture, decoder_of, sample
+from remote.eagle3.layers import captured
 from remote.eagle3.model import Eagle3Draft
 from remote.eagle3.prep_input import Record
 from remote.eagle3.trainer import Batch, autocast, ttt_loss
@@ -85,7 +86,7 @@ def run(hidden: int = 64, layers: int = 4, vocab: int = 785, dtype: str = "float
             decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
 
     def grab() -> list:
-        return capture(decoder, rows, aux_layers, device)
+        return capture(decoder, rows, captured(aux_layers, "LlamaForCausalLM"), device)
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-extract-"))
 
@@ -125,7 +126,10 @@ def peak_capture_mib(method: str, hidden: int, layers: int, batch: int, seq: int
     rows = torch.randint(0, 1024, (batch, seq)).tolist()
     aux_layers = [1, layers // 2 - 1, layers - 4]
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    kept = capture(decoder, rows, aux_layers, "cpu") if method == "hooks" else all_states_capture(decoder, rows, aux_layers)
+    if method == "hooks":
+        kept = capture(decoder, rows, captured(aux_layers, "LlamaForCausalLM"), "cpu")
+    else:
+        kept = all_states_capture(decoder, rows, aux_layers)
     assert len(kept) == batch
     return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024  # ru_maxrss is in KiB on Linux
 

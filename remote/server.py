@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from remote import processes
+from remote.eagle3 import StageInputError
+from remote.eagle3 import layers as layer_ids
 from remote.jobs import tail
 from remote.progress import write_json_atomic
 
@@ -165,11 +167,12 @@ def server_info(url: str, timeout: float = 10.0) -> dict[str, Any]:
 def check_server_config(info: dict[str, Any], layers: list[int]) -> list[str]:
     """Problems in a server's configuration for serving an EAGLE-3 draft fed from `layers`.
 
-    `layers` are auxiliary layer ids as SGLang's draft config counts them
-    (``eagle_config.eagle_aux_hidden_state_layer_ids``): id ``k`` is the output
-    of decoder layer ``k`` (0-based), i.e. ``hidden_states[k + 1]`` of a
-    transformers forward pass. SGLang captures the input of layer ``k + 1``,
-    which is that same tensor.
+    `layers` are auxiliary layer ids as the draft's config gives them to SGLang
+    (``eagle_config.eagle_aux_hidden_state_layer_ids``). What an id captures
+    depends on the target's architecture (`remote.eagle3.layers`), so the
+    server's draft and the extraction are compared by the decoder layers whose
+    inputs they capture: a draft with no ids, or other ids, may still read the
+    same states, and the same ids on another architecture may not.
     """
     algorithm = (info.get("speculative_algorithm") or "").upper()
     draft_path = info.get("speculative_draft_model_path")
@@ -185,32 +188,72 @@ def check_server_config(info: dict[str, Any], layers: list[int]) -> list[str]:
     if algorithm == "EAGLE3":
         if not draft_path:
             problems.append("server runs EAGLE3 without --speculative-draft-model-path")
-        served = aux_layers(info)
-        if served is not None and list(served) != list(layers):
-            problems.append(
-                f"server's draft uses auxiliary layers {list(served)} but extraction uses {list(layers)}: "
-                "set eagle_config.eagle_aux_hidden_state_layer_ids in the draft's config.json or stages.extract.layers"
-            )
+        problems += _layer_problems(info, layers)
     return problems
+
+
+def _layer_problems(info: dict[str, Any], layers: list[int]) -> list[str]:
+    """The server's draft against the extraction: what each captures, where the target's architecture is known."""
+    served = aux_layers(info)
+    arch = _target_architecture(info)
+    if served is None:
+        return []
+    if arch is None:
+        if list(served) == list(layers):
+            return []
+        return [f"server's draft uses auxiliary layers {list(served)} but extraction uses {list(layers)}: "
+                "set eagle_config.eagle_aux_hidden_state_layer_ids in the draft's config.json or stages.extract.layers"]
+    try:
+        wanted = layer_ids.captured(list(layers), arch)
+        got = layer_ids.captured(list(served), arch) if _draft_ids(info) else server_captures(info)
+    except StageInputError as exc:
+        return [f"cannot compare the draft's layers with the extraction's: {exc}"]
+    if got == wanted:
+        return []
+    return [f"server's draft uses auxiliary layers {list(served)} but extraction uses {list(layers)}: on {arch} SGLang "
+            f"feeds the draft the inputs of decoder layers {got}, extract stored those of {wanted}; "
+            "set eagle_config.eagle_aux_hidden_state_layer_ids in the draft's config.json or stages.extract.layers"]
 
 
 def aux_layers(info: dict[str, Any]) -> list[int] | None:
     """The auxiliary layer ids the server's EAGLE-3 draft reads, or None when they cannot be known.
 
-    The draft's config wins; without it SGLang captures the outputs of layers
-    ``[1, n // 2 - 1, n - 4]`` of an ``n``-layer target.
+    The draft's ``eagle_config`` wins (SGLang reads the ids nowhere else). A
+    draft without them makes SGLang capture the inputs of layers ``[2, N // 2,
+    N - 3]`` of an ``N``-layer target, whatever its architecture; those are
+    given here as the ids that capture them on that target (for Llama
+    ``[1, N // 2 - 1, N - 4]``, for DeepSeek/Kimi ``[2, N // 2, N - 3]``).
     """
-    draft = info.get("draft_config") or {}
-    ids = (draft.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or draft.get(
-        "eagle_aux_hidden_state_layer_ids"
-    )
+    ids = _draft_ids(info)
     if ids:
-        return list(ids)
-    if not draft:
+        return ids
+    captures = server_captures(info)
+    if captures is None:
+        return None
+    arch = _target_architecture(info)
+    shift = arch is not None and layer_ids.RULES.get(arch) == layer_ids.DEEPSEEK
+    return captures if shift else [j - 1 for j in captures]
+
+
+def server_captures(info: dict[str, Any]) -> list[int] | None:
+    """The decoder layers whose inputs SGLang captures for a draft without ids, or None when unknown."""
+    if not info.get("draft_config"):
         return None
     target = info.get("target_config") or {}
     n = (target.get("text_config") or target).get("num_hidden_layers")
-    return [1, n // 2 - 1, n - 4] if n else None
+    return [2, n // 2, n - 3] if n else None
+
+
+def _draft_ids(info: dict[str, Any]) -> list[int] | None:
+    draft = info.get("draft_config") or {}
+    ids = (draft.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return list(ids) if ids else None
+
+
+def _target_architecture(info: dict[str, Any]) -> str | None:
+    """The served target's architecture when its config is readable here and aerie has checked it."""
+    names = (info.get("target_config") or {}).get("architectures") or []
+    return names[0] if names and names[0] in layer_ids.RULES else None
 
 
 def _is_eagle3_draft(draft: dict[str, Any]) -> bool:

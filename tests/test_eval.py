@@ -84,7 +84,7 @@ def test_eval_reports_the_accept_length_and_speed_up_the_server_saw_and_names_th
         assert config["speedup"] == pytest.approx(speedup, rel=0.2), config
     assert [round(expected(0.8, p)[1], 2) for p in GRID] == [1.24, 1.59, 1.07]  # the model: (3, 1, 4) is fastest
     assert {k: report["best"][k] for k in ("num_steps", "topk", "num_draft_tokens")} == GRID[1]
-    assert report["best"]["flags"] == ["--tp-size", "2", "--speculative-algorithm", "EAGLE3",
+    assert report["best"]["flags"] == ["--tp-size", "2", "--max-running-requests", "48", "--speculative-algorithm", "EAGLE3",
                                        "--speculative-draft-model-path", str(setup["draft"]),
                                        "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
                                        "--speculative-num-draft-tokens", "4"]
@@ -145,7 +145,7 @@ def test_the_launch_command_is_sglang_s_with_the_inventory_s_flags_and_the_setti
     speculative = launch_command(settings, Setting(3, 1, 4))
 
     assert baseline.endswith("-m sglang.launch_server --model-path '/m/Kimi K2.5' --host 127.0.0.1 --port 30100 "
-                             "--tp-size 8 --trust-remote-code")
+                             "--tp-size 8 --trust-remote-code --max-running-requests 48")  # SGLang's speculative cap, on both
     assert speculative == baseline + (" --speculative-algorithm EAGLE3 --speculative-draft-model-path "
                                       "/r/data/draft/train/draft --speculative-num-steps 3 "
                                       "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4")

@@ -56,7 +56,7 @@ def test_a_kimi_shaped_one_layer_extraction_is_refused_naming_7168_and_21504(tmp
     target = tmp_path / "kimi"
     target.mkdir()
     text = {"hidden_size": 7168, "num_hidden_layers": 61, "vocab_size": 163840}
-    (target / "config.json").write_text(json.dumps({"model_type": "kimi_k25", "text_config": text}))
+    (target / "config.json").write_text(json.dumps({"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text}))
     draft = tmp_path / "kimi-k25-eagle3.json"  # SpecForge's draft config, abridged
     draft.write_text(json.dumps({"hidden_size": 7168, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}}))
     write_prep(tmp_path / "data" / "A1", make_records(2, 100))
@@ -70,7 +70,7 @@ def test_layer_ids_sglang_never_captures_are_refused(tmp_path: Path, tiny_target
     write_prep(tmp_path / "data" / "A1", make_records(2, 100))
     env = stage_env(tmp_path, "extract", {"layers": [1, 2, 3]}, {"target": {"model": str(tiny_target)}})
 
-    with pytest.raises(StageInputError, match=r"\[3\] out of range for a 4-layer target.*0\.\.2"):
+    with pytest.raises(StageInputError, match=r"\[3\] out of range for a 4-layer LlamaForCausalLM target.*0\.\.2"):
         extract_stage.plan(context(env))
 
 
@@ -145,3 +145,25 @@ def test_a_restart_keeps_complete_shards_and_redoes_a_torn_one(extracted: dict, 
     assert len(list((output / "shard-00001").glob("*.ckpt"))) == 4
     assert load_sample(output / "shard-00001" / "data_000000005.ckpt")["id"] == "r0005"
     assert manifest["records"] == RECORDS and progress.records == RECORDS
+
+
+def test_shards_stored_under_the_old_meaning_of_the_ids_are_redone(extracted: dict, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    shutil.copytree(extracted["root"], root)
+    env = {**extracted["env"], "AERIE_ROOT": str(root), "AERIE_DATA": str(root / "data" / "A1"), "AERIE_OUTPUT": str(root / "data" / "A1" / "extract")}
+    output = Path(env["AERIE_OUTPUT"])
+    plan = json.loads((output / "plan.json").read_text())
+    assert plan["hidden_states"] == [1, 2, 3] and plan["architecture"] == "LlamaForCausalLM"
+    # What an aerie before per-architecture ids wrote: the same ids, nothing on what they captured.
+    old = {k: v for k, v in plan.items() if k not in ("hidden_states", "architecture")}
+    (output / "plan.json").write_text(json.dumps(old))
+    (output / "manifest.json").unlink()
+    before = {p.name: p.stat().st_mtime_ns for p in (output / "shard-00000").iterdir()}
+    progress, notes = Progress(), []
+    progress.note = lambda message, note=progress.note: (notes.append(message), note(message))
+
+    manifest = extract_stage.run(context(env), progress)
+
+    assert "inputs changed since the last run: starting over" in notes
+    assert all(p.stat().st_mtime_ns != before[p.name] for p in (output / "shard-00000").iterdir() if p.name in before)
+    assert manifest["records"] == RECORDS and json.loads((output / "plan.json").read_text()) == plan

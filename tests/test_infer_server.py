@@ -158,3 +158,25 @@ def test_a_draft_without_layer_ids_uses_sglangs_default_layers_of_the_target() -
 def test_a_server_without_speculative_decoding_has_no_problems() -> None:
     assert server.check_server_config({"speculative_algorithm": None}, KIMI_LAYERS) == []
 
+
+
+def kimi_info(draft_ids: list[int] | None, architecture: str = "KimiK25ForConditionalGeneration") -> dict:
+    return {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/models/draft",
+            "draft_config": eagle3_draft(draft_ids),
+            "target_config": {"architectures": [architecture], "text_config": {"num_hidden_layers": 61}}}
+
+
+def test_on_kimi_a_draft_reading_the_same_layers_under_other_ids_is_not_flagged() -> None:
+    # SGLang's DeepseekV3 adds 1 only when the first id is 1: [1, 29, 57] captures the inputs of 2, 30, 58.
+    assert server.check_server_config(kimi_info([1, 29, 57]), KIMI_LAYERS) == []
+    # A draft without ids: SGLang's default, the inputs of [2, N // 2, N - 3] -- the same layers again.
+    assert server.aux_layers(kimi_info(None)) == [2, 30, 58]
+    assert server.check_server_config(kimi_info(None), KIMI_LAYERS) == []
+
+
+def test_a_draft_one_layer_off_is_flagged_naming_the_layers_each_side_reads() -> None:
+    [problem] = server.check_server_config(kimi_info([3, 31, 59]), KIMI_LAYERS)
+    assert "inputs of decoder layers [3, 31, 59], extract stored those of [2, 30, 58]" in problem
+    # On Llama the same draft-less server reads other layers than the ids [2, 30, 58] store.
+    [problem] = server.check_server_config(kimi_info(None, "LlamaForCausalLM"), KIMI_LAYERS)
+    assert "[2, 30, 58], extract stored those of [3, 31, 59]" in problem

@@ -59,8 +59,42 @@ def test_kimi_states_stored_by_extract_equal_a_direct_forward_pass(kimi_extracte
         sample = load_sample(path)
         with torch.no_grad():
             states = model.model(torch.tensor([record["input_ids"]]), output_hidden_states=True).hidden_states
-        torch.testing.assert_close(sample["aux_hidden_state"], torch.cat([states[i + 1] for i in TINY_LAYERS], -1), rtol=1e-3, atol=1e-4)
+        # DeepseekV3 in SGLang: id i is the input of layer i -- [0, 1, 2] starts at the embedding output.
+        torch.testing.assert_close(sample["aux_hidden_state"], torch.cat([states[i] for i in TINY_LAYERS], -1), rtol=1e-3, atol=1e-4)
         torch.testing.assert_close(sample["hidden_state"], states[-1], rtol=1e-3, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def kimi6(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 6-layer Kimi-shaped target: room for ids [2, 3, 4] and for [1, 2, 3] (inputs of layers 2..4)."""
+    from remote.tiny_kimi import build_kimi_model
+
+    return build_kimi_model(tmp_path_factory.mktemp("kimi6"), 128, layers=6)
+
+
+@pytest.mark.parametrize(("layers", "states_at"), [([2, 3, 4], [2, 3, 4]), ([1, 2, 3], [2, 3, 4])])
+def test_extract_stores_for_kimi_the_hidden_states_sglang_serves(
+        kimi6: Path, tmp_path: Path, layers: list[int], states_at: list[int]) -> None:
+    """SGLang's DeepseekV3 (Kimi-K2.5 hands it the call) captures the input of layer id, HF hidden_states[id],
+    unless the first id is 1: then hidden_states[id + 1]. Held against SGLang's own code in test_layer_ids."""
+    records = make_records(4, 128)
+    write_prep(tmp_path / "data" / "A1", records)
+    settings = {"layers": layers, "dtype": "float32", "batch_size": 2, "shard_size": 4}
+    env = stage_env(tmp_path, "extract", settings, {"target": {"model": str(kimi6)}})
+
+    result = run_stage("extract", env)
+
+    assert result.returncode == 0, result.stderr
+    output = Path(env["AERIE_OUTPUT"])
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert manifest["hidden_states"] == states_at and manifest["architecture"] == "KimiK25ForConditionalGeneration"
+    assert "input of decoder layer i = HF hidden_states[i]" in manifest["layer_convention"]
+    model = load_target(kimi6, "float32", False, "cpu")
+    for path, record in zip(ShardStore(output).sample_files(), records):
+        with torch.no_grad():
+            states = model.model(torch.tensor([record["input_ids"]]), output_hidden_states=True).hidden_states
+        torch.testing.assert_close(load_sample(path)["aux_hidden_state"], torch.cat([states[j] for j in states_at], -1),
+                                   rtol=1e-3, atol=1e-4)
 
 
 def test_train_makes_a_draft_for_the_kimi_shaped_target(kimi_extracted: dict, kimi_target: Path) -> None:
@@ -80,10 +114,10 @@ def test_capture_never_asks_for_every_layer_s_hidden_states(tiny_target: Path) -
     asked: list[dict] = []
     handle = decoder.register_forward_pre_hook(lambda module, args, kwargs: asked.append(kwargs), with_kwargs=True)
     try:
-        (aux, final), = capture(decoder, [[5, 6, 7, 8]], TINY_LAYERS, "cpu")
+        (aux, final), = capture(decoder, [[5, 6, 7, 8]], [1, 2, 3], "cpu")
     finally:
         handle.remove()
     assert not asked[0].get("output_hidden_states")
     assert aux.shape == (4, 3 * 64) and final.shape == (4, 64)
     # The hooks are removed afterwards: a plain forward keeps nothing.
-    assert not decoder.layers[0]._forward_hooks and not decoder.norm._forward_hooks
+    assert not decoder.layers[1]._forward_pre_hooks and not decoder.norm._forward_hooks

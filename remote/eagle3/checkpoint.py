@@ -5,6 +5,8 @@ A checkpoint directory holds ``config.json`` (``architectures:
 ``eagle_config.eagle_aux_hidden_state_layer_ids``) and ``model.safetensors``
 with the draft's weights under SGLang's names and the ``d2t``/``t2d`` maps.
 The frozen embeddings are left out: SGLang hands the draft the target's own.
+tests/test_sglang_args.py loads what `save` writes with SGLang 0.5.23's own
+``LlamaForCausalLMEagle3.load_weights`` and finds every other weight.
 It is written to a temporary directory and renamed into place; an older
 checkpoint of the same name is swapped out only after the new one is whole.
 """

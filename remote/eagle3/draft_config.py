@@ -6,6 +6,12 @@ exactly ``3 * target_hidden_size`` features per token. Extraction writes
 ``len(layers) * hidden_size``. When the two differ every trained weight is
 useless -- the 7168-vs-21504 mistake, where one final-layer state reached a
 draft built for three -- so both stages compare them before any work.
+
+The draft's ``eagle_config.eagle_aux_hidden_state_layer_ids`` are
+``stages.extract.layers`` as given: SGLang hands those ids to the target's
+``set_eagle3_layers_to_capture``, and extract stored what that captures for
+the target's architecture (`remote.eagle3.layers`), so the same ids mean the
+same states on both sides.
 """
 
 from __future__ import annotations

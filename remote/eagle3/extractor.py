@@ -1,9 +1,10 @@
 """Run the target over tokenised records and keep the hidden states EAGLE-3 trains on.
 
-One forward pass per batch with forward hooks on exactly what is kept: the
-outputs of the configured decoder layers (id ``i`` is ``layers[i]``'s output,
-HF's ``hidden_states[i + 1]``, see `remote.eagle3.layers`), concatenated, and
-the final norm's output (what the lm_head reads and what SpecForge stores as
+One forward pass per batch with hooks on exactly what is kept: the inputs of
+the decoder layers SGLang captures for the configured ids (HF's
+``hidden_states[j]`` for each captured layer ``j``; which ``j`` an id means
+depends on the architecture, see `remote.eagle3.layers`), concatenated in
+layer order, and the final norm's output (what the lm_head reads and what SpecForge stores as
 ``hidden_state``). ``output_hidden_states`` would keep every layer's states for
 the batch -- 62 tensors of ``B x T x 7168`` for Kimi-K2.5 when 4 are needed --
 so it is never asked for; the other layers' outputs are freed as the forward
@@ -92,19 +93,23 @@ def decoder_layers(decoder) -> tuple[Any, Any]:
 
 
 @contextmanager
-def hooks(decoder, layers: list[int]) -> Iterator[dict[Any, Any]]:
-    """Forward hooks that keep `layers`' outputs (by id) and the final norm's (key "final")."""
+def hooks(decoder, inputs: list[int]) -> Iterator[dict[Any, Any]]:
+    """Hooks that keep the inputs of the decoder layers `inputs` (by index) and the final norm's output
+    (key "final")."""
     blocks, norm = decoder_layers(decoder)
     kept: dict[Any, Any] = {}
 
-    def keep(key: Any):
-        def hook(module, args, output) -> None:
-            # NOTE: a decoder layer returns a tensor in transformers 5 and a tuple in 4.x.
-            kept[key] = output[0] if isinstance(output, tuple) else output
+    def keep_input(key: int):
+        def hook(module, args, kwargs) -> None:
+            # NOTE: SGLang captures what enters the layer (hidden_states + residual): HF's hidden_states[key].
+            kept[key] = args[0] if args else kwargs["hidden_states"]
         return hook
 
-    handles = [blocks[i].register_forward_hook(keep(i)) for i in layers]
-    handles.append(norm.register_forward_hook(keep("final")))
+    def keep_output(module, args, output) -> None:
+        kept["final"] = output[0] if isinstance(output, tuple) else output
+
+    handles = [blocks[j].register_forward_pre_hook(keep_input(j), with_kwargs=True) for j in inputs]
+    handles.append(norm.register_forward_hook(keep_output))
     try:
         yield kept
     finally:
@@ -112,8 +117,11 @@ def hooks(decoder, layers: list[int]) -> Iterator[dict[Any, Any]]:
             handle.remove()
 
 
-def capture(decoder, batch: Sequence[Sequence[int]], layers: list[int], device: str) -> list[tuple[Any, Any]]:
-    """(aux (T, len(layers) * H), final (T, H)) per sequence, padding cut off, on the CPU."""
+def capture(decoder, batch: Sequence[Sequence[int]], inputs: list[int], device: str) -> list[tuple[Any, Any]]:
+    """(aux (T, len(inputs) * H), final (T, H)) per sequence, padding cut off, on the CPU.
+
+    `inputs` are the decoder layers whose inputs are kept (`remote.eagle3.layers.captured`).
+    """
     import torch
 
     lengths = [len(ids) for ids in batch]
@@ -125,11 +133,11 @@ def capture(decoder, batch: Sequence[Sequence[int]], layers: list[int], device: 
         # depend on the pad tokens after them.
         ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         mask[row, : len(seq)] = 1
-    with torch.inference_mode(), hooks(decoder, layers) as kept:
+    with torch.inference_mode(), hooks(decoder, inputs) as kept:
         decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
     # NOTE: with device_map="auto" the layers sit on different GPUs: gather on the last one's.
     final = kept["final"]
-    aux = torch.cat([kept[i].to(final.device) for i in layers], dim=-1)
+    aux = torch.cat([kept[j].to(final.device) for j in inputs], dim=-1)
     # NOTE: copied, not viewed: on the CPU a slice shares the whole batch's storage, and
     # torch.save writes the storage -- every record's file would hold the batch's states.
     return [(aux[row, :n].to("cpu", copy=True), final[row, :n].to("cpu", copy=True)) for row, n in enumerate(lengths)]
@@ -163,13 +171,14 @@ def extract(
     decoder,
     records: Iterable[Record],
     store: ShardStore,
-    layers: list[int],
+    inputs: list[int],
     shard_size: int,
     batch_size: int,
     device: str,
     progress: Progress,
 ) -> dict[str, int]:
-    """Fill every shard that is not complete yet; counts of written, resumed and skipped records."""
+    """Fill every shard that is not complete yet with the inputs of the decoder layers `inputs`;
+    counts of written, resumed and skipped records."""
     counts = {"written": 0, "resumed": 0, "skipped": 0, "shards": 0}
     for index, shard in enumerate(chunks(enumerate(records), shard_size)):
         counts["shards"] += 1
@@ -182,7 +191,7 @@ def extract(
         writer = store.writer(index)
         kept = [(i, r) for i, r in shard if _trainable(r, progress, counts)]
         for batch in chunks(kept, batch_size):
-            for (i, record), (aux, final) in zip(batch, capture(decoder, [r.input_ids for _, r in batch], layers, device)):
+            for (i, record), (aux, final) in zip(batch, capture(decoder, [r.input_ids for _, r in batch], inputs, device)):
                 writer.add(i, sample(record, aux, final))
                 counts["written"] += 1
                 progress.written()

@@ -20,6 +20,14 @@ What SGLang documents, and where (sgl-project/sglang):
   ``Σ completion_tokens / Σ spec_verify_ct``, which is what aerie reports.
 - ``GET /server_info`` returns the ``ServerArgs`` (``speculative_algorithm``,
   ``speculative_num_steps``, ...), read by `remote.server.server_info`.
+- A speculative server's ``--max-running-requests`` defaults to 48
+  (``arg_groups/speculative_hook.py``: "Max running requests is reset to 48
+  for speculative decoding"); a server without speculation has no such cap.
+  So that the baseline and the grid batch alike, every server gets the same
+  value: the inventory's (in ``server_args``), else 48.
+
+Checked against SGLang 0.5.23: tests/test_sglang_args.py runs every command
+built here through SGLang's own ``ServerArgs`` parser and resolution.
 
 Standard library only.
 """
@@ -37,6 +45,9 @@ from dataclasses import dataclass
 from typing import Any
 
 ALGORITHM = "EAGLE3"
+#: SGLang's --max-running-requests for a speculative server that does not set it.
+SPECULATIVE_MAX_RUNNING = 48
+MAX_RUNNING_FLAG = "--max-running-requests"
 
 
 @dataclass(frozen=True)
@@ -61,14 +72,37 @@ class Setting:
         return f"steps {self.num_steps}, topk {self.topk}, draft tokens {self.num_draft_tokens}"
 
 
+def server_args(settings: dict[str, Any]) -> list[str]:
+    """The inventory's server flags, with the same --max-running-requests for every server of the comparison."""
+    args = list(settings["server_args"])
+    if any(a == MAX_RUNNING_FLAG or a.startswith(MAX_RUNNING_FLAG + "=") or a == "--config" for a in args):
+        return args
+    return [*args, MAX_RUNNING_FLAG, str(SPECULATIVE_MAX_RUNNING)]
+
+
+def batching_warnings(settings: dict[str, Any]) -> list[str]:
+    """Where the servers may batch differently and aerie cannot tell (a --config file)."""
+    args = list(settings["server_args"])
+    if "--config" in args and not any(a == MAX_RUNNING_FLAG or a.startswith(MAX_RUNNING_FLAG + "=") for a in args):
+        return [f"server_args pass --config: if it does not set max-running-requests, SGLang caps the speculative "
+                f"servers at {SPECULATIVE_MAX_RUNNING} running requests and the baseline not at all, so the speed-ups "
+                f"compare different batching; add {MAX_RUNNING_FLAG} to stages.eval.server_args"]
+    return []
+
+
+def launch_argv(settings: dict[str, Any], setting: Setting | None) -> list[str]:
+    """The server's arguments (after the launcher): the target, with `setting`'s speculation or none."""
+    argv = ["--model-path", settings["model"], "--host", "127.0.0.1", "--port", str(settings["port"]),
+            *server_args(settings)]
+    if setting is not None:
+        argv += setting.flags(settings["draft"])
+    return argv
+
+
 def launch_command(settings: dict[str, Any], setting: Setting | None) -> str:
     """The shell command that starts the target (with `setting`'s speculation, or none)."""
     launcher = settings["launcher"]  # `{python} -m sglang.launch_server` unless the inventory says otherwise
-    argv = ["--model-path", settings["model"], "--host", "127.0.0.1", "--port", str(settings["port"]),
-            *settings["server_args"]]
-    if setting is not None:
-        argv += setting.flags(settings["draft"])
-    return launcher.replace("{python}", shlex.quote(sys.executable)) + " " + shlex.join(argv)
+    return launcher.replace("{python}", shlex.quote(sys.executable)) + " " + shlex.join(launch_argv(settings, setting))
 
 
 @dataclass

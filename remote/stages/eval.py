@@ -32,7 +32,8 @@ from remote import processes, server, stages
 from remote.eagle3 import StageInputError
 from remote.eval import prompts as prompt_source
 from remote.eval import report as reports
-from remote.eval.sglang import GenerateError, Measurement, Setting, launch_command, measure
+from remote.eval.sglang import (GenerateError, Measurement, Setting, batching_warnings, launch_command, measure,
+                                server_args)
 from remote.progress import Progress, read_json, write_json_atomic
 from remote.settings import missing
 from remote.stages import StageContext
@@ -75,10 +76,11 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     results = []
     for setting in grid:
         results.append((setting, measure_on_server(ctx, settings, setting, prompts, progress)))
-    report = reports.build(baseline, results, str(draft), list(settings["server_args"]), {
+    report = reports.build(baseline, results, str(draft), server_args(settings), {
         "prompts": len(prompts), "max_new_tokens": int(settings["max_new_tokens"]),
         "concurrency": int(settings["concurrency"]), "release": ctx.release,
     })
+    report["warnings"] += batching_warnings(settings)
     write_json_atomic(ctx.output / "report.json", report)
     try:
         write_json_atomic(draft.parent / REPORT_BESIDE_DRAFT, report)

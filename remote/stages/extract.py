@@ -2,9 +2,12 @@
 
 Settings (``stages.extract`` in the inventory, passed in ``AERIE_CONFIG``):
 
-- ``layers``: auxiliary layer ids, SGLang's convention -- id ``i`` is the
-  output of decoder layer ``i``, HF's ``hidden_states[i + 1]``; valid ids are
-  ``0 .. N - 2`` for an N-layer target (see `remote.eagle3.layers`).
+- ``layers``: auxiliary layer ids as the draft's config gives them to SGLang
+  (``eagle_aux_hidden_state_layer_ids``); what each captures is what SGLang's
+  model code for the target's architecture captures -- for Llama and Qwen the
+  output of layer ``i`` (HF's ``hidden_states[i + 1]``), for DeepSeek-V3 and
+  Kimi-K2.5 the input of layer ``i`` (``hidden_states[i]``) unless the first
+  id is 1 (see `remote.eagle3.layers`).
 - ``dtype``: the dtype the target runs and the states are stored in.
 - ``batch_size``, ``shard_size``: records per forward pass and per shard.
 - ``draft_config`` (or ``stages.train.draft_config`` when the control plane
@@ -29,7 +32,7 @@ from typing import Any
 from remote.eagle3 import StageInputError
 from remote.eagle3 import draft_config as drafts
 from remote.eagle3.extractor import DTYPES, decoder_of, extract, load_target
-from remote.eagle3.layers import validate_layers
+from remote.eagle3 import layers as layer_ids
 from remote.eagle3.prep_input import read_manifest, read_records
 from remote.eagle3.shards import ShardStore
 from remote.eagle3.target import TargetShape, best_device, read_shape, target_settings
@@ -44,6 +47,8 @@ class ExtractPlan:
     """Everything checked before the first weight is read."""
 
     layers: list[int]
+    architecture: str
+    inputs: list[int]  # the decoder layers whose inputs SGLang captures for `layers`: HF hidden_states indices
     dtype: str
     batch_size: int
     shard_size: int
@@ -63,13 +68,16 @@ def plan(ctx: StageContext) -> ExtractPlan:
     prep = read_manifest(ctx.inputs("prep")[0])
     path, trust = target_settings(ctx.shared_config)
     shape = read_shape(path)
-    validate_layers(layers, shape.num_layers)
+    arch = layer_ids.target_architecture(path)
+    layer_ids.validate_layers(layers, shape.num_layers, arch)
     draft_path = drafts.draft_config_path(settings, ctx.shared_config)
     draft = drafts.load(draft_path) if draft_path else None
     source = f"draft config {draft_path}" if draft_path else "an EAGLE-3 draft (3 x hidden)"
     width = drafts.check_width(layers, shape.hidden_size, draft, source)
     return ExtractPlan(
         layers=layers,
+        architecture=arch,
+        inputs=layer_ids.captured(layers, arch),
         dtype=dtype,
         batch_size=int(need(settings, "extract", "batch_size", StageInputError)),
         shard_size=int(need(settings, "extract", "shard_size", StageInputError)),
@@ -93,7 +101,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     device = best_device()
     progress.note(f"loading {checked.shape.path.name} on {device}")
     model = load_target(checked.shape.path, checked.dtype, checked.trust_remote_code, device)
-    progress.note(f"extracting layers {checked.layers} (width {checked.width})")
+    progress.note(f"extracting layers {checked.layers}: the inputs of decoder layers {checked.inputs} "
+                  f"(width {checked.width})")
     if isinstance(checked.prep.get("kept"), int):
         progress.expect(checked.prep["kept"])  # prep's records: each is extracted or skipped
     started = time.time()
@@ -101,7 +110,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         decoder_of(model),
         read_records(ctx.inputs("prep")[0]),
         store,
-        checked.layers,
+        checked.inputs,
         checked.shard_size,
         checked.batch_size,
         device,
@@ -117,7 +126,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         "num_layers": checked.shape.num_layers,
         "vocab_size": checked.shape.vocab_size,
         "width": checked.width,
-        "layer_convention": "id i = output of decoder layer i = HF hidden_states[i + 1] (SGLang eagle_aux_hidden_state_layer_ids)",
+        "layer_convention": layer_ids.convention(checked.architecture),
         "format": "specforge-offline-ckpt",
         "seconds": round(time.time() - started, 3),
     }
@@ -138,6 +147,10 @@ def _fingerprint(checked: ExtractPlan) -> dict[str, Any]:
         "prep_release": checked.prep.get("release"),
         "prep_kept": checked.prep.get("kept"),
         "layers": checked.layers,
+        # NOTE: what the ids capture, not only the ids: shards an older aerie stored for the same ids
+        # (always HF hidden_states[i + 1]) hold other layers' states for a DeepSeek/Kimi target.
+        "hidden_states": checked.inputs,
+        "architecture": checked.architecture,
         "dtype": checked.dtype,
         "shard_size": checked.shard_size,
         "target": str(checked.shape.path),

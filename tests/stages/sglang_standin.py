@@ -2,9 +2,13 @@
 and the native ``/generate`` with ``meta_info``, over a known model of speculation.
 
 Real SGLang needs a GPU (and the target's weights); this stand-in lets `inv eval`
-be tested end to end on any machine. It parses SGLang's flags strictly (a flag
-SGLang does not have is an error, as it is for SGLang), and answers as SGLang
-does (`remote/eval/sglang.py` cites where SGLang defines them).
+be tested end to end on any machine. It parses a subset of SGLang's flags
+strictly, and answers as SGLang does (`remote/eval/sglang.py` cites where SGLang
+defines them). tests/test_sglang_args.py feeds it and the pinned real SGLang the
+same bad command lines: it refuses each one SGLang refuses, and takes every
+command `inv eval` builds. Like SGLang it caps a speculative server at 48
+running requests unless told otherwise (``/server_info``'s
+``max_running_requests``).
 
 The model, from the environment (which `stages.eval.server_env` sets, so a
 missing variable also shows that the settings did not reach the server):
@@ -43,11 +47,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tp-size", type=int, default=1)
     parser.add_argument("--mem-fraction-static", type=float)
     parser.add_argument("--trust-remote-code", action="store_true")
-    parser.add_argument("--speculative-algorithm", choices=["EAGLE", "EAGLE3", "NEXTN", "STANDALONE"])
+    parser.add_argument("--speculative-algorithm", type=str.upper, choices=["EAGLE", "EAGLE3", "NEXTN", "STANDALONE"])
     parser.add_argument("--speculative-draft-model-path")
     parser.add_argument("--speculative-num-steps", type=int)
     parser.add_argument("--speculative-eagle-topk", type=int)
     parser.add_argument("--speculative-num-draft-tokens", type=int)
+    parser.add_argument("--max-running-requests", type=int)
+    parser.add_argument("--device")
     return parser.parse_args(argv)
 
 
@@ -78,7 +84,8 @@ def main(argv: list[str]) -> None:
     if speculative and not (Path(args.speculative_draft_model_path or "") / "config.json").is_file():
         sys.exit(f"stand-in: no draft config.json in {args.speculative_draft_model_path}")
     journal = os.environ.get("STANDIN_JOURNAL")
-    info = {"model_path": args.model_path, "port": args.port, "tp_size": args.tp_size,
+    cap = args.max_running_requests or (48 if speculative else None)  # SGLang's speculative_hook.py
+    info = {"model_path": args.model_path, "port": args.port, "tp_size": args.tp_size, "max_running_requests": cap,
             **{k: v for k, v in vars(args).items() if k.startswith("speculative_")}}
     time.sleep(float(os.environ.get("STANDIN_START_SECONDS", "0.3")))  # loading the model
 
