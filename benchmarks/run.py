@@ -5,7 +5,8 @@ Kimi-K2.5's tokenizer, vs. a plain apply_chat_template + encode loop), infer (th
 plain clients on the same server; `concurrency: auto` vs. pinned 4, 16 and 64 on a
 saturating stand-in), extract (capture vs. a bare forward pass),
 slurm (launch and status of 40 jobs on the test cluster), loop (deploy and
-rerun as typed, against rsync, scp and ssh). Figures are recorded in
+rerun as typed, against rsync, scp and ssh), chunked (the chunked route's wall time and
+held-out accept length against the offline route's on the same records). Figures are recorded in
 docs/benchmarks.md.
 """
 
@@ -17,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-SUITES = ("control", "loop", "prep", "infer", "extract", "slurm")
+SUITES = ("control", "loop", "prep", "infer", "extract", "slurm", "chunked")
 
 
 def run(only: list[str] | None = None) -> dict[str, Any]:

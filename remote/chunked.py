@@ -245,7 +245,8 @@ class Chunked:
         heldout_files = self.extract_heldout()
         self.trainer = resident.Trainer(
             self.ctx, {**self.stage_settings(self.train), "eval_records": 0}, self.train_out, heldout_files,
-            self.schedule(), self.out / resident.EVALUATIONS, self.progress) if self.resident_train else None
+            self.schedule(), self.out / resident.EVALUATIONS, self.progress,
+            {"preps": self.preps, "heldout": self.layout["heldout"]}) if self.resident_train else None
         state = read_json(self.out / "state.json", START)
         if state != START:
             self.progress.note(f"resuming at pass {state['pass'] + 1}, chunk {state['chunk'] + 1}, {state['phase']}")

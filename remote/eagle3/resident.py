@@ -86,8 +86,9 @@ class Trainer:
     """One draft trained over every chunk: built on the first, kept (with its optimizer) for the rest."""
 
     def __init__(self, ctx: StageContext, settings: dict[str, Any], output: Path, heldout: list[Path],
-                 schedule_steps: int, evaluations: Path, progress: Progress) -> None:
+                 schedule_steps: int, evaluations: Path, progress: Progress, trained: dict[str, Any]) -> None:
         self.ctx, self.settings, self.output, self.heldout = ctx, settings, output, heldout
+        self.trained = trained  # {"preps": {dataset: prep dir}, "heldout": {dataset: indices}}: what the vocabulary counts
         self.schedule_steps, self.evaluations, self.progress = schedule_steps, evaluations, progress
         self.relay = Relay(progress)
         self.draft: Any = None
@@ -99,23 +100,23 @@ class Trainer:
     def step(self) -> int:
         return self.state.step if self.state is not None else 0
 
-    def build(self, inputs: list[Path], files: list[Path]) -> None:
-        """The draft as `remote.stages.train` builds it, from the first chunk's states."""
+    def build(self, inputs: list[Path]) -> None:
+        """The draft as `remote.stages.train` builds it; its vocabulary from every record the run trains on."""
         import torch
 
         from remote.eagle3 import heldout, plot
         from remote.eagle3.model import Eagle3Draft
         from remote.eagle3.shards import load_sample
         from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
-        from remote.eagle3.vocab import build_mapping, token_counts
+        from remote.eagle3.vocab import build_mapping
         from remote.stages import train
 
         self.extracted = train.read_extract_manifests(inputs)
         shape = read_shape(target_settings(self.ctx.shared_config)[0])
         stage = sub_context(self.ctx, "train", self.settings, self.output, inputs)
         config = train.draft_for(stage, self.extracted, shape.vocab_size, read_config(shape.path))
-        d2t, t2d = build_mapping(token_counts((load_sample(f, mmap=True) for f in files), shape.vocab_size),
-                                 config["draft_vocab_size"])
+        counts = trained_token_counts(self.trained["preps"], self.trained["heldout"], shape.vocab_size)
+        d2t, t2d = build_mapping(counts, config["draft_vocab_size"])
         self.device = torch.device(best_device())
         embed, head = read_embed_and_head(shape)
         torch.manual_seed(0)  # the same first draft as the train stage's
@@ -142,7 +143,7 @@ class Trainer:
         if not files:
             return  # every record of the chunk was skipped by extract (its reasons are counted)
         if self.draft is None:
-            self.build(inputs, files)
+            self.build(inputs)
         settings = {**self.settings, "epochs": epochs, "schedule_steps": self.schedule_steps, "chunk_pass": name}
         state = self.resume_state(inputs, files, settings)
         self.draft.to(self.device)
@@ -203,3 +204,29 @@ class Trainer:
         write_json_atomic(self.output / "manifest.json", manifest)
         return manifest
 
+
+
+def trained_token_counts(preps: dict[str, Path], heldout: dict[str, list[int]], vocab_size: int) -> Any:
+    """How often each token is trained on (`remote.eagle3.vocab.token_counts`) over every record the run
+    trains on, read from prep's ids and masks, not from states: the draft's vocabulary is the one the
+    offline route would pick, not the first chunk's (which may lack the tokens of a whole dataset)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    import torch
+
+    from remote.eagle3.prep_input import shard_files
+
+    counts, everything = np.zeros(vocab_size, np.int64), np.zeros(vocab_size, np.int64)
+    for name, prep in preps.items():
+        skip, seen = set(heldout.get(name, [])), 0
+        for file in shard_files(prep):
+            table = pq.read_table(file, columns=["input_ids", "loss_mask"])
+            table, seen = table.take(pa.array([i for i in range(table.num_rows) if seen + i not in skip], pa.int64())), seen + table.num_rows
+            ids = pc.list_flatten(table["input_ids"]).to_numpy(zero_copy_only=False).astype(np.int64)
+            mask = pc.list_flatten(table["loss_mask"]).to_numpy(zero_copy_only=False).astype(bool)
+            ids, mask = ids[ids < vocab_size], mask[ids < vocab_size]
+            counts += np.bincount(ids[mask], minlength=vocab_size)
+            everything += np.bincount(ids, minlength=vocab_size)
+    return torch.from_numpy(counts if counts.sum() else everything)
