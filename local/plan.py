@@ -28,7 +28,7 @@ def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]
         "model": jobs.on_host(inventory.target.model_dump(), root)["model"],
         "layers": extract.layers, "dtype": extract.dtype, "disk_budget": extract.disk_budget,
         "route": extract.route, "engine": train.engine, "max_length": prep.max_length,
-        "epochs": train.epochs, "passes": extract.passes, "resident": extract.command is None,
+        "epochs": train.epochs, "passes": extract.passes or train.epochs, "resident": extract.command is None,
         "datasets": [
             {"dataset": name, "source": d.source, "kind": d.kind, "rows": d.rows, "limit": d.limit,
              "max_length": prep.max_length, "estimate": (estimates or {}).get(name),

@@ -14,11 +14,12 @@ files -- states, ids and masks, file framing and the copied ids -- fit what is
 left of the budget; only one chunk exists at a time.
 
 **The passes**: ``stages.extract.passes`` forward passes of the target over
-the records (default 1). In each pass every chunk is extracted, trained on for
-its share of ``stages.train.epochs`` (``epochs / passes``, shuffled inside the
-chunk every epoch) and deleted; the chunks' order changes from pass to pass.
-``passes: 1`` reads every record through the target once; ``passes`` =
-``epochs`` re-extracts every chunk every epoch (E times the forward passes).
+the records (default: ``stages.train.epochs``). In each pass every chunk is
+extracted, trained on for its share of the epochs (``epochs / passes``,
+shuffled inside the chunk every epoch) and deleted; the chunks' order changes
+from pass to pass. The default re-extracts every chunk every epoch; ``passes: 1``
+reads every record through the target once (E times fewer forward passes, but
+E epochs on one chunk at a time: docs/chunked.md has both measured).
 
 **The stages**: the built-in extract and train run inside this job
 (`remote.eagle3.resident`): the target is loaded once per run, the draft and
@@ -146,7 +147,7 @@ class Chunked:
         self.extract: dict[str, Any] = settings.get("extract") or {}
         self.train: dict[str, Any] = settings.get("train") or {}
         self.epochs = int(need(self.train, "train", "epochs", StageInputError))
-        self.passes = int(self.extract.get("passes") or 1)
+        self.passes = int(self.extract.get("passes") or self.epochs)  # default: re-extracted every epoch
         if not 1 <= self.passes <= self.epochs:
             raise StageInputError(f"stages.extract.passes {self.passes}: expected 1 to stages.train.epochs ({self.epochs})")
         self.batch = int(need(self.train, "train", "batch_size", StageInputError))
@@ -158,8 +159,10 @@ class Chunked:
             raise StageInputError("the chunked route got no prep outputs to read (config prep_inputs)")
         self.out = ctx.output
         self.train_out = ctx.data / "train"
-        self.resident_extract = not self.extract.get("command")
-        self.resident_train = not self.train.get("command") and self.train.get("engine", "aerie") == "aerie"
+        # NOTE: the built-in stages, named or not, run in this process; any other command is opaque.
+        self.resident_extract = self.extract.get("command") in (None, "", DEFAULT_COMMANDS["extract"])
+        self.resident_train = (self.train.get("command") in (None, "", DEFAULT_COMMANDS["train"])
+                               and need(self.train, "train", "engine", StageInputError) == "aerie")
 
     # -- the plan of chunks ------------------------------------------------------
 

@@ -175,7 +175,7 @@ def plan(args: dict[str, Any]) -> dict[str, Any]:
 def costs(result: dict[str, Any], args: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per route: how often the target is loaded, the tokens its forward passes read (tokens x passes),
     the tokens trained on, and the hours those take at the throughput a previous run measured (else None)."""
-    tokens, epochs, passes = result["tokens"], int(args.get("epochs") or 1), int(args.get("passes") or 1)
+    tokens, epochs, passes = result["tokens"], int(args.get("epochs") or 1), int(args.get("passes") or args.get("epochs") or 1)
     chunks = max(int(result.get("chunks") or 0), math.ceil(result["stored_bytes"] / max(result["usable_bytes"], 1)))
     routes = {
         "offline": {"target_loads": len(result["datasets"]), "passes": 1},

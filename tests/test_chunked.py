@@ -91,7 +91,7 @@ def test_any_extract_and_train_command_runs_chunk_by_chunk_for_every_epoch_withi
         write_prep(root / "data" / name, rows)
     per_token = (len(TINY_LAYERS) + 1) * 64 * 4
     sizes = [chunked.record_size(len(r["input_ids"]), per_token) for rows in records.values() for r in rows]
-    budget = chunked.reserved(2) + sum(sizes) // 3 + max(sizes)  # three chunks
+    budget = chunked.reserved(1) + sum(sizes) // 3 + max(sizes)  # three chunks (a train command: nothing held out)
     standin = f"{{python}} {REPO / 'tests' / 'stages' / 'chunk_standin.py'}"
     log = tmp_path / "trained.jsonl"
     # Two passes over two epochs: every chunk extracted again for the second epoch (re-extraction).
@@ -238,7 +238,7 @@ def test_inv_run_takes_the_chunked_route_shows_chunk_k_of_n_and_resumes_after_in
         bench.inv("stop", "-d", "draft")
         bench.wait_state("pipeline/run", {"succeeded", "failed", "stopped"}, timeout=60)
         bench.inv("run")  # a fresh run: prep again (same records), then the chunked job goes on where it stopped
-        wait_for(lambda: at({"pass": 1, "chunk": 0, "phase": "extract"}) or bench.poll()["pipeline/run"]["state"] != "running",
+        wait_for(lambda: at({"pass": -1}) or bench.poll()["pipeline/run"]["state"] != "running",
                  240, "the run to end")
         final = bench.wait_state("pipeline/run", {"succeeded", "failed"}, timeout=60)
 
@@ -246,13 +246,88 @@ def test_inv_run_takes_the_chunked_route_shows_chunk_k_of_n_and_resumes_after_in
     assert 0 < watch.peak <= budget
     plan = json.loads((out / "chunks.json").read_text())
     chunks = plan["chunks"]
-    assert any(f"pass 1/1, chunk 2 of {len(chunks)}" in message for message in seen), seen
+    assert any(f"pass 1/2, chunk 2 of {len(chunks)}" in message for message in seen), seen
     assert etas and all(0 <= eta < 3600 for eta in etas), etas  # a finite time left once a chunk was done
     trained = [json.loads(line) for line in (tmp_path / "trained.jsonl").read_text().splitlines()]
-    # One pass (the default): every chunk extracted once and trained both epochs while on disk. The stop
-    # came during chunk 2's training -- before its trainer ended, or after it and before the driver
-    # recorded it -- and the second run went on from there.
+    # A pass per epoch (the default): every chunk extracted and trained once per epoch, the second
+    # pass in another order. The stop came during chunk 2's training -- before its trainer ended,
+    # or after it and before the driver recorded it -- and the second run went on from there.
     assert len(chunks) >= 2
-    assert [t["pass"] for t in trained] == [f"pass 1, chunk {k}" for k in range(1, len(chunks) + 1)]
-    assert [t["epochs"] for t in trained] == [2] * len(chunks)
-    assert [sum(t["inputs"].values()) for t in trained] == plan["records"]
+    second = chunked.pass_order(len(chunks), 1)
+    assert [t["pass"] for t in trained] == [f"pass 1, chunk {k + 1}" for k in range(len(chunks))] + \
+        [f"pass 2, chunk {k + 1}" for k in second]
+    assert [t["epochs"] for t in trained] == [1] * 2 * len(chunks)
+    assert [sum(t["inputs"].values()) for t in trained] == plan["records"] + [plan["records"][k] for k in second]
+
+
+def test_a_stage_s_own_estimate_is_its_time_left_counted_down_since_it_was_said() -> None:
+    from remote import eta
+    from remote.progress import Progress
+
+    progress = Progress()
+    progress.expect(100, by="step")
+    assert "eta_s" not in progress.snapshot()  # nothing measured yet: no estimate, not a guess
+    progress.estimate(120.0)
+    snapshot = progress.snapshot()
+    assert eta.job_eta(snapshot, "running") == pytest.approx(120.0, abs=1.0)
+    assert eta.job_eta({**snapshot, "eta_at": snapshot["eta_at"] - 30}, "running") == pytest.approx(90.0, abs=1.0)
+    assert eta.job_eta({**snapshot, "eta_at": snapshot["eta_at"] - 300}, "running") == 0.0  # late: never negative
+    assert eta.job_eta(snapshot, "succeeded") is None
+
+
+def test_epochs_spread_over_the_passes_and_each_pass_after_the_first_orders_the_chunks_anew() -> None:
+    assert chunked.epochs_per_pass(10, 1) == [10]
+    assert chunked.epochs_per_pass(10, 10) == [1] * 10
+    assert chunked.epochs_per_pass(10, 3) == [4, 3, 3]
+    assert chunked.pass_order(5, 0) == [0, 1, 2, 3, 4]
+    orders = [chunked.pass_order(5, p) for p in range(1, 4)]
+    assert all(sorted(o) == [0, 1, 2, 3, 4] for o in orders) and len({tuple(o) for o in orders}) > 1
+    assert chunked.pass_order(5, 2) == chunked.pass_order(5, 2)  # the same on a resumed run
+
+
+def test_a_pass_count_outside_one_to_the_epochs_is_one_line(tmp_path: Path) -> None:
+    from remote.progress import Progress
+    from remote.stages import StageContext
+
+    ctx = StageContext(root=tmp_path, release="r", dataset="draft", stage="chunked", source="", kind="native",
+                       output=tmp_path / "out", data=tmp_path, config={
+                           "prep_inputs": {"A1": str(tmp_path)}, "inventory": {},
+                           "stage": {"disk_budget": "1G", "extract": {"passes": 11}, "train": complete("train", {"epochs": 10})}})
+    with pytest.raises(StageInputError, match=r"stages.extract.passes 11: expected 1 to stages.train.epochs \(10\)"):
+        chunked.Chunked(ctx, Progress())
+
+
+def test_the_held_out_records_are_the_offline_route_s_and_keep_to_a_quarter_of_the_budget(tmp_path: Path) -> None:
+    from remote.eagle3 import heldout
+    from remote.progress import Progress
+    from remote.stages import StageContext
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 4, "vocab_size": 785}))
+    records = make_records(40, 785, seed=3)
+    write_prep(tmp_path / "data" / "A1", records)
+    per_token = (len(TINY_LAYERS) + 1) * 64 * 4
+    sizes = [chunked.record_size(len(r["input_ids"]), per_token) for r in records]
+
+    def plan(budget: int, fraction: float) -> dict:
+        ctx = StageContext(root=tmp_path, release="r", dataset="draft", stage="chunked", source="", kind="native",
+                           output=tmp_path / f"out-{budget}-{fraction}", data=tmp_path, config={
+                               "prep_inputs": {"A1": str(tmp_path / "data" / "A1" / "prep")},
+                               "inventory": {"target": {"model": str(target)}},
+                               "stage": {"disk_budget": budget, "extract": complete("extract", EXTRACT),
+                                         "train": complete("train", {**TRAIN, "eval_fraction": fraction})}})
+        ctx.output.mkdir()
+        return chunked.Chunked(ctx, Progress()).plan()
+
+    roomy = plan(sum(sizes), 0.1)
+    offline = [chunked.offline_path("A1", i, EXTRACT["shard_size"]) for i in range(40)]
+    expected = sorted(int(p.name[5:14]) for p in heldout.split(offline, None, 0.1)[1])
+    assert roomy["heldout"] == {"A1": expected} and expected
+    tight = plan(sum(sizes) // 3, 0.5)  # half the records asked for; a quarter of the budget holds fewer
+    held = tight["heldout"]["A1"]
+    assert 0 < len(held) < 20 and sum(sizes[i] for i in held) <= sum(sizes) // 3 * chunked.HELDOUT_SHARE
+    room = sum(sizes) // 3 - chunked.reserved(2) - sum(sizes[i] for i in held)
+    trained = [i for c in tight["chunks"] for i in c["A1"]]
+    assert sorted(trained + held) == list(range(40))  # every record trained on or held out, none twice
+    assert all(sum(sizes[i] for i in c["A1"]) <= room for c in tight["chunks"])

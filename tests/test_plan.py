@@ -221,7 +221,7 @@ def test_inv_plan_s_table_says_unknown_where_no_run_measured_the_time_and_hours_
     def shown(result: dict) -> str:
         out = io.StringIO()
         Console(file=out, width=160).print(costs_table(result))
-        return out.getvalue()
+        return " ".join(out.getvalue().split())
 
     text = shown(result)
     assert "time unknown: no run on this host measured the throughput yet" in text

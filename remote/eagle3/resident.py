@@ -191,15 +191,17 @@ class Trainer:
 
     def manifest(self, epochs: int, records: int, seconds: float) -> dict[str, Any]:
         """The train manifest, as the train stage writes it (with `route: chunked`)."""
+        if self.draft is None:  # a rerun of a run that had ended: its manifest stands
+            return read_json(self.output / "manifest.json", {})
         write_json_atomic(self.output / "history.json", self.history)
         manifest = {
             "release": self.ctx.release, "engine": "aerie", "route": "chunked", "draft": str(self.output / "draft"),
             "records": records, "epochs": epochs, "steps": len(self.history),
             "first_loss": self.history[0]["loss"] if self.history else None,
             "last_loss": self.history[-1]["loss"] if self.history else None,
-            "draft_vocab_size": self.draft.config["draft_vocab_size"] if self.draft is not None else None,
+            "draft_vocab_size": self.draft.config["draft_vocab_size"],
             "layers": self.extracted.get("layers"), "seconds": round(seconds, 3),
-            **(self.evaluation.manifest() if self.draft is not None else {}),
+            **self.evaluation.manifest(),
         }
         write_json_atomic(self.output / "manifest.json", manifest)
         return manifest
