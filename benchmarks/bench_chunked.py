@@ -133,12 +133,12 @@ def chunked(root: Path, target: Path, names: list[str], passes: int) -> dict[str
 
 
 def run(records: int = 150, rounds: int = 1) -> dict[str, Any]:
-    results: dict[str, Any] = {"records": records, "epochs": EPOCHS, "rounds": []}
+    results: dict[str, Any] = {"records": records, "epochs": EPOCHS}
     with tempfile.TemporaryDirectory(prefix="aerie-bench-chunked-") as tmp:
         work = Path(tmp)
         target, names = build(work, records)
         prep = work / "root" / "data"
-        for _ in range(rounds):
+        for number in range(1, rounds + 1):
             measured: dict[str, Any] = {}
             for label, go in (("offline", lambda root: offline(root, target, names)),
                               ("chunked_passes_1", lambda root: chunked(root, target, names, 1)),
@@ -153,7 +153,7 @@ def run(records: int = 150, rounds: int = 1) -> dict[str, Any]:
                 if label != "offline":
                     figures["time_ratio"] = round(figures["seconds"] / base["seconds"], 2)
                     figures["accept_ratio"] = round(figures["accept_length"] / base["accept_length"], 3)
-            results["rounds"].append(measured)
+            results[f"round_{number}"] = measured
     return results
 
 

@@ -257,6 +257,7 @@ class Chunked:
         self.progress.written(sum(self.layout["records"]) if state["pass"] > 0
                               else sum(self.layout["records"][k] for k in pass_order(len(chunks), 0)[: state["chunk"]]))
         self.progress.metrics(step=self.steps_before(state["pass"], state["chunk"]))
+        self.estimate(state["pass"], state["chunk"])  # a resumed run: from what the earlier ones measured
         for index in range(state["pass"], self.passes):
             order = pass_order(len(chunks), index)
             for position in range(state["chunk"] if index == state["pass"] else 0, len(chunks)):
