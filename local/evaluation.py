@@ -38,7 +38,7 @@ def spec(inventory: Inventory) -> dict[str, Any]:
     stage.update(model=model, draft=settings.draft or f"{root}/data/{DRAFT}/train/draft")
     return {
         "dataset": DRAFT, "stage": STAGE, "command": settings.command, "source": "", "kind": "native",
-        "stall_after": settings.stall_after,
+        "stall_after": settings.stall_after, "log_limit": settings.log_limit,
         "config": {"stage": jobs.on_host(stage, root),
                    "inventory": {"target": jobs.on_host(inventory.target.model_dump(), root)}},
     }

@@ -71,6 +71,19 @@ class Stage(Strict):
 
     command: str | None = None
     stall_after: float = Field(600.0, gt=0, description="seconds without progress before a live job is `stalled`")
+    log_limit: int = Field(64 * 2**20, ge=64 * 2**10, description="the most bytes of a job's log kept while it runs "
+                           "(bytes, or e.g. 64M, 1G): past it the oldest part is cut, behind a marker line")
+
+    @field_validator("log_limit", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        """`256M`, `2G`, `512K`, `1T` (powers of 1024) as bytes; a number as it is."""
+        if isinstance(value, str):
+            match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", value, re.IGNORECASE)
+            if not match:
+                raise ValueError("expected bytes or a size such as 256M or 2G")
+            return int(float(match.group(1)) * 1024 ** " KMGT".index(match.group(2).upper() or " "))
+        return value
 
 
 class Prep(Stage):

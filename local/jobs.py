@@ -18,6 +18,7 @@ def spec(inventory: Inventory, dataset: str, stage: str) -> dict[str, Any]:
         "source": entry.source,
         "kind": entry.kind,
         "stall_after": settings.stall_after,
+        "log_limit": settings.log_limit,  # bytes: the supervisor caps the job's log there
         "config": {
             "dataset": entry.model_dump(),
             "stage": on_host(settings.model_dump(exclude={"command", "stall_after"}), inventory.host.root),

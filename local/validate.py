@@ -120,11 +120,29 @@ def check(inventory: Inventory, console: Console, as_json: bool = False, cached:
             console.print(f"validated (cached): {_names(list(reused))} (`--revalidate` checks again)")
         for note in sorted({e["note"] for e in fresh if e.get("note")}):  # a cached entry's note was shown before
             console.print(f"[yellow]note:[/] {note}")
+        for line in filter(None, map(details, fresh)):
+            console.print(line, markup=False, highlight=False)
     bad = [e for e in entries if e["error"] or not e["kept"]]
     if bad:
         raise AerieError("datasets that would give zero records: " + "; ".join(
             f"{e['dataset']} ({e['error'] or ', '.join(list(e['skip_reasons'])[:2]) or 'no rows'})" for e in bad))
     return entries
+
+
+#: How each kind of `tool_declarations` reads (`remote.prep.template.tool_declaration`).
+DECLARED = {"typescript": "TypeScript-style", "json": "as JSON", "other": "otherwise"}
+
+
+def details(entry: dict[str, Any]) -> str | None:
+    """What the table has no room for: how the rows' tools were declared, and the fields of turns prep
+    dropped ("thoughts dropped in 312 turns"); None when there is neither."""
+    said = []
+    if entry.get("tool_declarations"):
+        said.append("tools declared " + ", ".join(
+            f"{DECLARED.get(kind, kind)} in {n} row{'s' * (n != 1)}" for kind, n in entry["tool_declarations"].items()))
+    if entry.get("dropped_fields"):
+        said.append(", ".join(f"{name} dropped in {n} turn{'s' * (n != 1)}" for name, n in entry["dropped_fields"].items()))
+    return f"{entry['dataset']}: {'; '.join(said)}" if said else None
 
 
 def _names(names: list[str], shown: int = 8) -> str:

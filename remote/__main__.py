@@ -218,7 +218,8 @@ def _selected(args: dict[str, Any], dataset: str, stage: str) -> bool:
 
 
 def logs(args: dict[str, Any]) -> None:
-    """Print the job's log tail, then (with follow) new lines until the job ends. Raw text, no payload."""
+    """Print the last lines of the job's log, then (with follow) what it adds until the job ends. Raw
+    bytes, no payload; a line longer than logfile.LINE_LIMIT shows its end after an `[aerie: line cut, ...]` marker."""
     directory = _log_dir(Path(args["root"]), args["dataset"], args.get("stage"))
     path = directory / "log"
     # A Slurm job writes its log only once it leaves the queue: follow waits for it to appear.
@@ -227,18 +228,14 @@ def logs(args: dict[str, Any]) -> None:
         if not args.get("follow") or state.is_terminal():
             raise HostError(f"{directory.parent.name}/{directory.name} has no log yet (it is {state.value})")
         time.sleep(0.25)
+    from remote import logfile
+
+    # NOTE: read from the end, a block at a time: a log may be far larger than the host's memory, and a
+    # line longer than logfile.LINE_LIMIT (a progress bar without newlines) keeps only its end.
     with open(path, "rb") as handle:
-        lines = handle.read().splitlines(keepends=True)
-        _write(b"".join(lines[-args.get("lines", 50):]))
-        while args.get("follow"):
-            chunk = handle.read()
-            if chunk:
-                _write(chunk)
-            elif _state(directory).is_terminal():
-                _write(handle.read())  # what the job wrote between that read and its end: its last line
-                return
-            else:
-                time.sleep(0.25)
+        end = logfile.write_last_lines(handle, args.get("lines", 50), _write)
+        if args.get("follow"):
+            logfile.follow(path, handle, end, lambda: _state(directory).is_terminal(), _write)
 
 
 def _state(directory: Path) -> JobState:

@@ -96,7 +96,7 @@ class ProcessExecutor(Executor):
         """The state of a job handed to the starter: alive while the starter is, until its supervisor runs."""
         write_json_atomic(directory / "state.json", {
             "dataset": spec["dataset"], "stage": spec["stage"], "executor": self.name,
-            "state": JobState.RUNNING.value, "starting": {"pid": starter.pid, "pid_start": starter.pid_start},
+            "state": JobState.RUNNING.value, "starting": starter.identity,
             "release": release.name, "started_at": time.time(), "stall_after": spec["stall_after"],
         })
         return {"where": f"starting, pid {starter.pid} starts its supervisor"}
@@ -115,8 +115,8 @@ class ProcessExecutor(Executor):
             )
         write_json_atomic(directory / "state.json", {
             "dataset": spec["dataset"], "stage": spec["stage"], "executor": self.name,
-            "state": JobState.RUNNING.value, "pid": process.pid, "pgid": process.pid,
-            "pid_start": processes.process_start(process.pid), "release": release.name,
+            "state": JobState.RUNNING.value, **processes.identity(process.pid), "pgid": process.pid,
+            "release": release.name,
             "started_at": time.time(), "stall_after": spec["stall_after"],
         })
         return {"pid": process.pid, "where": f"pid {process.pid}"}
@@ -139,6 +139,8 @@ class ProcessExecutor(Executor):
             return Reading(JobState.DIED, f"not started: its starter (pid {state['starting'].get('pid')}) ended first")
         if not processes.is_alive(state):
             message = f"supervisor (pid {state.get('pid')}) is gone without an exit code"
+            if not processes.same_boot(state):
+                message += " (the host has rebooted since it started)"
             if processes.group_members(state):
                 message += "; its stage still runs (`inv stop` or `inv rerun --failed` ends it)"
             return Reading(JobState.DIED, message)

@@ -33,7 +33,10 @@ def all_job_dirs(root: Path) -> list[Path]:
     return JobStore(root).directories()
 
 
-def tail(log: Path, size: int = 4096) -> str:
+TAIL_BYTES = 4096
+
+
+def tail(log: Path, size: int = TAIL_BYTES) -> str:
     """The last `size` bytes of a log as text; "" when it cannot be read."""
     try:
         with open(log, "rb") as handle:
@@ -44,10 +47,29 @@ def tail(log: Path, size: int = 4096) -> str:
 
 
 def last_line(log: Path, limit: int = 160) -> str:
-    """The stage's last non-empty line in a log (not the supervisor's own), read from its tail only."""
-    lines = tail(log).split("\n")
-    text = next((line.strip() for line in reversed(lines) if line.strip() and not line.startswith(SUPERVISOR_MARK)), "")
-    return text[:limit]
+    """The stage's last non-empty line in a log (not the supervisor's own), read from its last
+    `limit` bytes (4 KiB at least) only; its first `limit` characters, after "…" when its start lies
+    before what was read."""
+    window = max(TAIL_BYTES, limit)
+    lines = tail(log, window).split("\n")
+    for index in range(len(lines) - 1, -1, -1):
+        text = lines[index].strip()
+        if text and not text.startswith(SUPERVISOR_MARK):
+            whole = index > 0 or _size(log) <= window
+            return ("" if whole else "…") + text[:limit]
+    return ""
+
+
+def bounded(text: str, limit: int) -> str:
+    """`text`, or its last `limit` characters after "…": what a message ends with says what went wrong."""
+    return text if len(text) <= limit else "…" + text[len(text) - limit + 1:]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 # -- reading -----------------------------------------------------------------
@@ -218,8 +240,8 @@ def _start_handed(store: JobStore, directory: Path, release: Path) -> None:
             state = store.read(directory).state
         except BrokenJob:
             return
-        if "pid" in state or (state.get("starting") or {}).get("pid") != os.getpid():
-            return
+        if "pid" in state or (state.get("starting") or {}).get("pid") != os.getpid() or state.get("state") != "running":
+            return  # started, relaunched or stopped meanwhile
         spec = store.spec(directory)
         executors.named(state["executor"]).submit(directory, spec, release, [])
 
@@ -270,9 +292,11 @@ def stop(root: Path, dataset: str, stage: str) -> dict[str, Any]:
             return result
         job, reading = read(job, time.time())
         executor, now_state = executors.of(job.state), reading.state
-        if executor.is_active(job.state, now_state):
-            executor.cancel(job.state)
-        elif not (now_state == JobState.DIED and executor.cancel(job.state)):  # a killed supervisor's stage
+        active = executor.is_active(job.state, now_state)
+        if not (active or now_state == JobState.DIED):
+            return result
+        store.request_stop(directory)  # before any signal: the supervisor tells `inv stop` from any other sender
+        if not executor.cancel(job.state) and not active:  # a killed supervisor's stage, if any is left
             return result
         # The supervisor records `stopped` itself; write it only if it could not.
         try:

@@ -14,6 +14,7 @@ The plan, built by the workstation (local/pipeline.py), is a list of nodes::
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
@@ -97,7 +98,7 @@ class Runner:
             "dataset": node["spec"]["dataset"], "stage": node["spec"]["stage"], "state": JobState.WAITING.value,
             "executor": "process",
             "waiting_for": waiting_for, "blocked_by": blocked_by, "message": message, "pid": self.me.get("pid"),
-            "pid_start": self.me.get("pid_start"), "stall_after": 10 ** 9,
+            "pid_start": self.me.get("pid_start"), "boot_id": self.me.get("boot_id"), "stall_after": 10 ** 9,
         }
         try:
             recorded = read_object(directory / "state.json")
@@ -136,8 +137,17 @@ class Runner:
         if stopped is not None:
             print(f"server: stopped pid {stopped}", flush=True)
 
+def _on_term(signum: int, frame: object) -> None:
+    # The server runs in a session of its own: a runner ended by `inv stop` (or any SIGTERM) must stop
+    # it on its way out (`Runner.run`'s finally), or it keeps the GPUs. Once: a second signal must not
+    # cut that short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
     ctx = StageContext.from_env()
+    signal.signal(signal.SIGTERM, _on_term)
     with Progress.from_env() as progress:
         return Runner(ctx, progress).run()
 

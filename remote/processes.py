@@ -5,6 +5,12 @@ group id, recorded as ``pgid``), and everything the stage starts stays in that
 group. Its stage dies with it (`die_with_parent`); whatever escapes that (a
 stage that forked before the supervisor died) is ended by group when the job
 is stopped or run again.
+
+A process is aerie's only if it proves it: every pid aerie may signal (a job's
+supervisor and group, a starter, the inference server) is recorded with its
+start time and the host's boot id (`identity`), and checked just before each
+signal (`is_ours`). After a reboot, or once a pid has been handed to another
+process, the record does not match and nothing is signalled.
 """
 
 from __future__ import annotations
@@ -42,26 +48,62 @@ def _process_start_ps(pid: int) -> str | None:
     return None
 
 
-def is_alive(state: dict[str, Any]) -> bool:
-    pid = state.get("pid")
-    return bool(pid) and process_start(pid) == state.get("pid_start")
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+_boot: list[str | None] = []  # read once per process
 
 
-def group_members(state: dict[str, Any]) -> list[int]:
-    """Live processes of the job's group once its leader (the supervisor) is gone.
+def boot_id() -> str | None:
+    """This boot of the host: a pid and its start time name one process only within one boot (after a
+    reboot, pids start again from 1 and start times from 0). None where the kernel has no boot id."""
+    if not _boot:
+        try:
+            _boot.append(BOOT_ID.read_text().strip() or None)
+        except OSError:
+            _boot.append(None)
+    return _boot[0]
 
-    Safe against pid reuse: while any process is in group N the kernel does not
-    hand out pid N again, so a group without its leader is still the job's; a
-    live process with the leader's pid but another start time means the group
-    ended long ago and the pid is someone else's.
+
+def identity(pid: int) -> dict[str, Any]:
+    """What aerie records of a process it started, to prove later that a pid is still that process."""
+    return {"pid": pid, "pid_start": process_start(pid), "boot_id": boot_id()}
+
+
+def same_boot(record: dict[str, Any]) -> bool:
+    # NOTE: a record without the key was written by an older release; its start time alone is checked.
+    return "boot_id" not in record or record["boot_id"] == boot_id()
+
+
+def is_alive(record: dict[str, Any]) -> bool:
+    """Whether the recorded process still runs: the same pid, start time and boot. A record that
+    cannot prove it (no start time) never matches."""
+    pid, start = record.get("pid"), record.get("pid_start")
+    if not (isinstance(pid, int) and pid > 0 and start and same_boot(record)):
+        return False
+    return process_start(pid) == start
+
+
+def group_members(record: dict[str, Any]) -> list[int]:
+    """Live processes of the recorded group once its leader (the supervisor) is gone.
+
+    Safe against pid reuse within one boot: while any process is in group N the kernel
+    does not hand out pid N again, so a group without its leader is still the job's; a
+    live process with the leader's pid but another start time means the group ended
+    long ago and the pid is someone else's. Across a reboot nothing of the group is left,
+    so a record of another boot has no members.
     """
-    pgid = state.get("pgid") or state.get("pid")
-    if not pgid or not isinstance(pgid, int):
+    pgid = record.get("pgid") or record.get("pid")
+    if not pgid or not isinstance(pgid, int) or pgid <= 0 or not record.get("pid_start") or not same_boot(record):
         return []
     leader_start = process_start(pgid)
-    if leader_start is not None and leader_start != state.get("pid_start"):
+    if leader_start is not None and leader_start != record.get("pid_start"):
         return []
     return live_members(pgid)
+
+
+def is_ours(record: dict[str, Any]) -> bool:
+    """Whether the recorded process, or what is left of its group, is still the one aerie started:
+    the only processes aerie ever signals."""
+    return is_alive(record) or bool(group_members(record))
 
 
 def live_members(pgid: int) -> list[int]:
@@ -86,27 +128,31 @@ def live_members(pgid: int) -> list[int]:
     return members
 
 
-def end_group(state: dict[str, Any], grace: float = 10.0) -> bool:
-    """End the job's whole process group: TERM, then KILL after `grace` seconds. Whether anything was there.
+def end_group(record: dict[str, Any], grace: float = 10.0) -> bool:
+    """End the recorded process group: TERM, then KILL after `grace` seconds. Whether anything of
+    ours was there; a pid that is not ours (`is_ours`) is never signalled.
 
     Works as well when the supervisor was killed and its stage lives on without it.
     """
-    pgid = state.get("pgid") or state.get("pid")
-    if not (is_alive(state) or group_members(state)):
+    if not signal_group(record, signal.SIGTERM):
         return False
-    _signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while (is_alive(state) or group_members(state)) and time.monotonic() < deadline:
+    while is_ours(record) and time.monotonic() < deadline:
         time.sleep(0.05)
-    _signal_group(pgid, signal.SIGKILL)
+    signal_group(record, signal.SIGKILL)
     return True
 
 
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
+def signal_group(record: dict[str, Any], sig: signal.Signals) -> bool:
+    """Send `sig` to the recorded process group if it is still ours (checked just before); whether it was."""
+    pgid = record.get("pgid") or record.get("pid")
+    if not is_ours(record):
+        return False
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
-        pass
+        return False
+    return True
 
 
 def die_with_parent(parent: int, sig: signal.Signals = signal.SIGKILL) -> Callable[[], None]:
@@ -146,7 +192,7 @@ class Starter:
             os.close(self._write_end)
             self._run(read_end, start_one, launcher)
         os.close(read_end)
-        self.pid_start = process_start(self.pid)
+        self.identity = identity(self.pid)
 
     def hand_over(self, directories: list[str]) -> None:
         with os.fdopen(self._write_end, "w") as pipe:

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from remote import processes
 from remote.jobs import tail
+from remote.progress import write_json_atomic
 
 
 class ServerError(Exception):
@@ -111,16 +112,21 @@ def is_running(pid: int) -> bool:
     return bool(processes.live_members(pid))
 
 
-def stop(pid: int, grace: float = 15.0) -> None:
-    """End the server's whole process group: SIGTERM, then SIGKILL after `grace` seconds."""
+def stop(record: dict[str, Any], grace: float = 15.0) -> None:
+    """End the server's whole process group: SIGTERM, then SIGKILL after `grace` seconds.
+
+    `record` is the server's `processes.identity`: each signal goes only to a group that is still the
+    one started (`processes.is_ours`), never to a process that has since been given its pid.
+    """
+    pid = record["pid"]
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
+        _reap(pid)
+        if not processes.signal_group(record, sig):
             return
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            if not is_running(pid):
+            _reap(pid)
+            if not processes.is_ours(record):
                 return
             time.sleep(0.1)
     raise ServerError(f"inference server process group {pid} survived SIGKILL")
@@ -244,14 +250,21 @@ class ManagedServer:
     job that brings its own (on Slurm, inside its allocation).
 
     `settings` is what the workstation sends (`command`, `url`, `start_timeout`, `env`); with `record`,
-    the server's pid is kept in that file so that a later process (a resumed runner) adopts it.
+    the server's identity (pid, start time, boot id) is kept in that file so that a later process (a
+    resumed runner) adopts it. A recorded pid that is no longer that server (after a reboot, or handed
+    to another process) is never adopted nor signalled.
     """
 
     def __init__(self, settings: dict[str, Any] | None, log: Path, record: Path | None = None) -> None:
         self.settings = settings or {}
         self.log = log
         self.record = record
-        self.pid: int | None = None
+        self.started: dict[str, Any] | None = None
+        """The identity of the server this object runs or adopted."""
+
+    @property
+    def pid(self) -> int | None:
+        return self.started["pid"] if self.started else None
 
     @property
     def is_managed(self) -> bool:
@@ -262,32 +275,48 @@ class ManagedServer:
         """Start the server unless one of ours is running and healthy; the pid started, if one was."""
         if not self.is_managed:
             return None
-        pid = self._recorded()
-        if pid is not None and is_running(pid) and is_healthy(self.settings["url"]):
-            self.pid = pid
+        recorded = self._recorded()
+        if recorded is not None and is_healthy(self.settings["url"]):
+            self.started = recorded
             return None
-        self.pid = start(self.settings["command"].replace("{python}", python), self.log, env=self.settings.get("env") or {})
+        if recorded is not None:  # ours, but not answering: it must not keep the GPU beside a new one
+            stop(recorded)
+        pid = start(self.settings["command"].replace("{python}", python), self.log, env=self.settings.get("env") or {})
+        self.started = processes.identity(pid)
         if self.record is not None:
-            self.record.write_text(json.dumps({"pid": self.pid}))
-        wait_healthy(self.settings["url"], self.settings.get("start_timeout", 1800), self.pid, self.log)
-        return self.pid
+            write_json_atomic(self.record, self.started)
+        wait_healthy(self.settings["url"], self.settings.get("start_timeout", 1800), pid, self.log)
+        return pid
 
     def stop(self) -> int | None:
         """Stop our server if it runs; the pid stopped, if one was."""
-        pid = self.pid or self._recorded()
-        stopped = pid if pid is not None and is_running(pid) else None
-        if stopped is not None:
-            stop(stopped)
-        self.pid = None
+        record = self.started or self._recorded()
+        stopped = None
+        if record is not None and processes.is_ours(record):
+            stop(record)
+            stopped = record["pid"]
+        self.started = None
         if self.record is not None:
             self.record.unlink(missing_ok=True)
         return stopped
 
-    def _recorded(self) -> int | None:
+    def _recorded(self) -> dict[str, Any] | None:
+        """The recorded server, if the record can prove which process it was; a record that cannot
+        (torn, or only a pid, as older releases wrote) is said so in the log and never acted on."""
         if self.record is None:
             return None
         try:
-            pid = json.loads(self.record.read_text()).get("pid")
-        except (OSError, ValueError, AttributeError):
+            recorded = json.loads(self.record.read_text())
+        except FileNotFoundError:
             return None
-        return pid if isinstance(pid, int) else None
+        except (OSError, ValueError):
+            recorded = None
+        if isinstance(recorded, dict) and isinstance(recorded.get("pid"), int) and recorded.get("pid_start"):
+            if processes.is_ours(recorded):
+                return recorded
+            why = "the host has rebooted since" if not processes.same_boot(recorded) else "that pid is another process now"
+        else:
+            why = "the record cannot prove which process it was"
+        print(f"server: {self.record} is not our server ({why}): left alone, never signalled", flush=True)
+        self.record.unlink(missing_ok=True)
+        return None

@@ -70,7 +70,11 @@ def effective(state: dict[str, Any], progress: dict[str, Any], now: float, job: 
         return JobState.DIED, f"Slurm job {state['slurm_job_id']} is gone without the supervisor's record"
     base = job.state.split()[0]
     if base in ENDED_BY_SLURM:
-        return job.job_state, f"Slurm: {base}" + (f" on {job.node}" if job.node else "")
+        where = f" on {job.node}" if job.node else ""
+        if job.job_state == JobState.STOPPED and recorded != JobState.STOPPED:
+            # NOTE: `stopped` is `inv stop`'s alone (it records it); an admin's or a script's scancel is not.
+            return JobState.DIED, f"Slurm: {base}{where}, not by `inv stop`"
+        return job.job_state, f"Slurm: {base}{where}"
     if recorded.is_terminal():
         return recorded, ""
     seen = job.job_state

@@ -22,9 +22,10 @@ class JobState(str, Enum):
     FAILED = "failed"
     """Exited non-zero."""
     DIED = "died"
-    """Gone without an exit code: kill -9, the OOM killer, a host reboot."""
+    """Ended by a signal `inv stop` did not send (the OOM killer, systemd at shutdown, an operator's
+    kill), or gone without an exit code (kill -9 of its supervisor, a host reboot)."""
     STOPPED = "stopped"
-    """Ended by `inv stop`."""
+    """Ended by `inv stop`, and only by it (its request is recorded before it signals)."""
     BROKEN = "broken"
     """Its files on the host cannot be read (a torn or foreign state.json, bytes that are not JSON):
     listed with the reason, never taking the other jobs down; `inv rerun --failed` starts it afresh."""

@@ -6,7 +6,8 @@ One directory per (dataset, stage), plus the pseudo jobs of ``inv run``
     spec.json      what to run (written by launch)
     state.json     the record: executor, pid/pgid or Slurm id, release, times, exit code
     progress.json  the stage's counters (remote.progress)
-    log            the stage's output; the previous run's is kept as log.1
+    log            the stage's output, capped at the spec's `log_limit`; the previous run's is kept as log.1
+    stop.json      `inv stop`'s request, written before it signals: only then does the job end `stopped`
     launch.lock    taken while a launch, rerun or stop decides about the job
 
 Every file is checked as it is read: a job whose files are torn, of the wrong
@@ -19,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import json
 import re
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from typing import Any, Iterator
 
 STATE, SPEC, PROGRESS, LOG, LOCK = "state.json", "spec.json", "progress.json", "log", "launch.lock"
+STOP = "stop.json"
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 #: Fields of state.json and progress.json that must be numbers when present.
 TIMES = ("started_at", "ended_at", "heartbeat_at", "submitted_at", "stall_after", "updated_at")
@@ -97,6 +100,11 @@ class JobStore:
     def write_state(self, directory: Path, state: dict[str, Any]) -> None:
         write_json_atomic(directory / STATE, state)
 
+    def request_stop(self, directory: Path) -> None:
+        """Record that `inv stop` ends this run (before it signals): the supervisor then ends `stopped`;
+        a signal from anyone else ends it `died`. The next launch clears it (`prepare`)."""
+        write_json_atomic(directory / STOP, {"requested_at": time.time()})
+
     def prepare(self, directory: Path, spec: dict[str, Any]) -> None:
         """A fresh start: the new spec, no old counters, the previous log kept as log.1, a broken record cleared."""
         for name in (STATE, PROGRESS, SPEC):
@@ -109,6 +117,7 @@ class JobStore:
         if read_mapping(directory / SPEC) != spec:  # absent, torn or foreign: {}, never a spec
             write_json_atomic(directory / SPEC, spec)
         (directory / PROGRESS).unlink(missing_ok=True)
+        (directory / STOP).unlink(missing_ok=True)
         if (directory / LOG).exists():
             (directory / LOG).replace(directory / f"{LOG}.1")
 
@@ -144,6 +153,8 @@ def checked_state(state: dict[str, Any]) -> dict[str, Any]:
             raise BrokenJob(f"{STATE}: {key} {state[key]!r} is not a process id")
     if not isinstance(state.get("pid_start"), (str, type(None))):
         raise BrokenJob(f"{STATE}: pid_start {state['pid_start']!r} is not a process start time")
+    if not isinstance(state.get("boot_id"), (str, type(None))):
+        raise BrokenJob(f"{STATE}: boot_id {state['boot_id']!r} is not a boot id")
     _check_times(STATE, state)
     starting = state.get("starting")
     if starting is not None and not (isinstance(starting, dict) and _is_int_or_none(starting.get("pid"))):

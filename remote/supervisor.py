@@ -2,8 +2,10 @@
 
 Started by `remote.jobs.launch` in a session of its own, so it outlives the SSH
 connection that started it. It records the exit and decides the end state:
-`succeeded`, `empty` (exit 0, zero records), `failed`, `died` (the stage was
-killed by SIGKILL, as the OOM killer does) or `stopped` (by `inv stop`).
+`succeeded`, `empty` (exit 0, zero records), `failed`, `stopped` (only when
+`inv stop` asked: its request, ``stop.json``, is written before it signals) or
+`died` (ended by any other signal: the OOM killer's SIGKILL, systemd's SIGTERM
+at shutdown, an operator's `kill`), with the signal named.
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from remote import scratch, server
-from remote.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, last_line, tail
-from remote.processes import die_with_parent, process_start
+from remote.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, bounded, last_line, tail
+from remote.logfile import CappedLog
+from remote.processes import die_with_parent, identity
 from remote.progress import PROGRESS_ENV, read_json, read_mapping, write_json_atomic
 from remote.stages import DEFAULT_COMMANDS
 from remote.states import JobState
+from remote.store import STOP
 
 
 def stage_env(spec: dict[str, Any], directory: Path, release: Path, run: str = "") -> dict[str, str]:
@@ -76,33 +80,42 @@ def killed_by(exit_code: int) -> signal.Signals | None:
         return None
 
 
-def end_state(exit_code: int, records: int, stopping: bool) -> JobState:
+def end_state(exit_code: int, records: int, stopping: bool, signalled: signal.Signals | None = None) -> JobState:
+    """`stopping`: `inv stop` asked; `signalled`: the supervisor was sent a signal by anyone else."""
     if stopping:
         return JobState.STOPPED
-    if killed_by(exit_code) == signal.SIGKILL:  # what the OOM killer sends
+    if signalled or killed_by(exit_code):  # the OOM killer's SIGKILL, systemd's SIGTERM, an operator's kill
         return JobState.DIED
     if exit_code != 0:
         return JobState.FAILED
     return JobState.SUCCEEDED if records > 0 else JobState.EMPTY
 
 
-def end_message(state: JobState, exit_code: int, progress: dict[str, Any], log: Path, no_space: bool = False) -> str:
+def end_message(state: JobState, exit_code: int, progress: dict[str, Any], log: Path, no_space: bool = False,
+                signalled: signal.Signals | None = None) -> str:
+    if state == JobState.DIED:
+        name = (signalled or killed_by(exit_code) or signal.SIGKILL).name
+        why = last_line(log, ERROR_LIMIT)
+        return f"killed by {name}, not by `inv stop`" + (f"; its log ends: {why}" if why else "")
     if state == JobState.EMPTY:
         reasons = sorted(progress.get("skip_reasons", {}).items(), key=lambda kv: -kv[1])[:3]
         why = ", ".join(f"{reason} ×{count}" for reason, count in reasons) or "the stage reported no records"
         return f"exit 0 with zero records: {why}"
-    if killed_by(exit_code):
-        return f"killed by {killed_by(exit_code).name}"
     if state == JobState.FAILED and no_space:
-        why = last_line(log)
+        why = last_line(log, ERROR_LIMIT)
         return f"no space left on device: exit {exit_code}" + (f": {why}" if why and scratch.NO_SPACE not in why else "")
     if state == JobState.FAILED:
-        return f"exit {exit_code}: {last_line(log)}"
+        return f"exit {exit_code}: {last_line(log, ERROR_LIMIT)}"
     return progress.get("message", "")
 
 
+#: The most of a job's error kept in its state (its end: a stage's last words say what went wrong);
+#: the status table shortens it to its width, `inv status --json` and the lines under the table do not.
+ERROR_LIMIT = 4096
+
+
 @contextmanager
-def inference_server(settings: dict[str, Any] | None, directory: Path) -> Iterator[None]:
+def inference_server(settings: dict[str, Any] | None, directory: Path, say: Callable[[str], None]) -> Iterator[None]:
     """The server an infer job needs, for that job alone (on Slurm, inside its allocation).
 
     On one host `inv run`'s pipeline runner manages the server instead, and such
@@ -114,7 +127,7 @@ def inference_server(settings: dict[str, Any] | None, directory: Path) -> Iterat
         return
     try:
         pid = managed.ensure(sys.executable)
-        print(f"{SUPERVISOR_MARK} inference server pid {pid} healthy", flush=True)
+        say(f"{SUPERVISOR_MARK} inference server pid {pid} healthy")
         yield
     finally:
         managed.stop()
@@ -125,7 +138,9 @@ class Supervisor:
         self.directory = directory
         self.state_path = directory / "state.json"
         self.stopping = False
+        self.signalled: signal.Signals | None = None
         self.child: subprocess.Popen[bytes] | None = None
+        self.log: CappedLog | None = None
 
     def run(self) -> int:
         self._wait_for_launcher()
@@ -134,30 +149,52 @@ class Supervisor:
         # Under Slurm the job was only queued by the launcher: this is where it starts, and on which node.
         # The run's id names its temporary files, so that no other run of this job can take them for its own.
         self.run_id = f"{time.time_ns():x}-{os.getpid()}"
-        state.update(state=JobState.RUNNING.value, pid=os.getpid(), pgid=os.getpgrp(),
-                     pid_start=process_start(os.getpid()), node=socket.gethostname(), run=self.run_id,
+        state.update(state=JobState.RUNNING.value, **identity(os.getpid()), pgid=os.getpgrp(),
+                     node=socket.gethostname(), run=self.run_id,
                      started_at=state.get("started_at") or time.time())
         write_json_atomic(self.state_path, state)
+        # Every byte of the log passes through here from now on, so that it stays under its limit.
+        self.log = CappedLog(self.directory / "log", spec.get("log_limit"))
+        self.log.take_stdio()
         release = Path.cwd()
         env = {**os.environ, **stage_env(spec, self.directory, release, self.run_id)}
         self.output = Path(env["AERIE_OUTPUT"])
         self.output.mkdir(parents=True, exist_ok=True)
         signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         command = stage_command(spec)
-        print(f"{SUPERVISOR_MARK} {spec['stage']} {spec['dataset']} on release {release.name}: {command}", flush=True)
+        self._log_line(f"{SUPERVISOR_MARK} {spec['stage']} {spec['dataset']} on release {release.name}: {command}")
         try:
-            with inference_server(spec.get("server"), self.directory):
-                # The stage dies with this supervisor: a kill -9 here must not leave it writing on its own.
-                self.child = subprocess.Popen(["/bin/sh", "-c", exec_form(command)], cwd=release, env=env,
-                                              preexec_fn=die_with_parent(os.getpid()))
-                exit_code = self._wait(state)
+            with inference_server(spec.get("server"), self.directory, self._log_line):
+                exit_code = self._run_stage(command, release, env, state)
         except server.ServerError as exc:
-            print(f"inference server: {exc}", flush=True)
+            self._log_line(f"inference server: {exc}")
             exit_code = 1
         ended = self._finish(state, exit_code)
         # Only a success exits 0: Slurm's `afterok` dependents (and its own end state) read this.
         return 0 if ended == JobState.SUCCEEDED else 1
+
+    def _run_stage(self, command: str, release: Path, env: dict[str, str], state: dict[str, Any]) -> int:
+        """Run the stage, its output piped into the capped log, until it exits; its exit code."""
+        import threading
+
+        assert self.log is not None
+        read_end, write_end = os.pipe()
+        try:
+            # The stage dies with this supervisor: a kill -9 here must not leave it writing on its own.
+            self.child = subprocess.Popen(["/bin/sh", "-c", exec_form(command)], cwd=release, env=env,
+                                          stdout=write_end, stderr=subprocess.STDOUT,
+                                          preexec_fn=die_with_parent(os.getpid()))
+        finally:
+            os.close(write_end)
+        pump = threading.Thread(target=self.log.pump, args=(read_end,), daemon=True)
+        pump.start()
+        exit_code = self._wait(state)
+        # NOTE: a process the stage left behind may hold the pipe open for ever; what the stage wrote
+        # itself is in the pipe already and is drained at once.
+        pump.join(timeout=PUMP_DRAIN_S)
+        return exit_code
 
     def _wait_for_launcher(self) -> None:
         # The launcher holds this lock until it has recorded our pid; then state.json is ours.
@@ -165,7 +202,12 @@ class Supervisor:
             fcntl.flock(handle, fcntl.LOCK_EX)
 
     def _on_term(self, signum: int, frame: object) -> None:
-        self.stopping = True
+        # NOTE: `inv stop` writes its request before it signals; a signal without one (systemd at
+        # shutdown, an operator's kill) is not a stop, and the job must not look finished on purpose.
+        if (self.directory / STOP).exists():
+            self.stopping = True
+        else:
+            self.signalled = self.signalled or signal.Signals(signum)
         if self.child and self.child.poll() is None:
             self.child.send_signal(signal.SIGTERM)
 
@@ -184,33 +226,41 @@ class Supervisor:
     def _finish(self, state: dict[str, Any], exit_code: int) -> JobState:
         progress = read_mapping(self.directory / "progress.json")
         records = progress.get("records", 0) if isinstance(progress.get("records"), int) else 0
-        ended = end_state(exit_code, records, self.stopping)
+        ended = end_state(exit_code, records, self.stopping, self.signalled)
         no_space = False
         if ended != JobState.SUCCEEDED:
             log = self.directory / "log"
             no_space = scratch.is_nearly_full(self.output) or scratch.NO_SPACE in tail(log)
             removed = scratch.remove_temporaries(self.output, self.run_id)
             if removed:
-                _log_line(f"{SUPERVISOR_MARK} removed this run's temporary files: {', '.join(removed[:5])}"
-                          + (f" and {len(removed) - 5} more" if len(removed) > 5 else ""))
+                self._log_line(f"{SUPERVISOR_MARK} removed this run's temporary files: {', '.join(removed[:5])}"
+                               + (f" and {len(removed) - 5} more" if len(removed) > 5 else ""))
         state.update(
             state=ended.value,
             exit_code=exit_code,
-            signal=getattr(killed_by(exit_code), "name", None),
+            signal=getattr(self.signalled or killed_by(exit_code), "name", None),
             ended_at=time.time(),
-            message=end_message(ended, exit_code, progress, self.directory / "log", no_space),
+            message=bounded(end_message(ended, exit_code, progress, self.directory / "log", no_space, self.signalled),
+                            2 * ERROR_LIMIT),
         )
         # The log's last line first: `inv logs --follow` ends when it reads the end state, and must have it.
-        _log_line(f"{SUPERVISOR_MARK} {ended.value}: exit {exit_code}, {records} records")
+        self._log_line(f"{SUPERVISOR_MARK} {ended.value}: exit {exit_code}, {records} records")
         write_state_last(self.state_path, state)
         return ended
 
+    def _log_line(self, text: str) -> None:
+        """One line of the supervisor's own in the job's log (a full disk loses it; the state says it all)."""
+        if self.log is not None:
+            self.log.line(text)
+            return
+        try:
+            print(text, flush=True)
+        except OSError:
+            pass
 
-def _log_line(text: str) -> None:
-    try:
-        print(text, flush=True)
-    except OSError:  # the log's disk is full; the state record says it all
-        pass
+
+#: How long the supervisor waits, once the stage has exited, for the rest of its output.
+PUMP_DRAIN_S = 2.0
 
 
 def _remove_torn(path: Path) -> None:

@@ -57,7 +57,10 @@ class Server:
     def start(self) -> "Server":
         from remote import server
 
+        from remote import processes
+
         self.pid = server.start(serve_command(self.model_dir, self.port), self.log_path, offline_env())
+        self.started = processes.identity(self.pid)
         server.wait_healthy(self.url, timeout=120, pid=self.pid, log_path=self.log_path)
         return self
 
@@ -65,7 +68,7 @@ class Server:
         from remote import server
 
         if self.pid is not None:
-            server.stop(self.pid)
+            server.stop(self.started)
             self.pid = None
 
 

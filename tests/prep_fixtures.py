@@ -158,3 +158,93 @@ def check_records(tokenizer: Any, prepared: Prepared, **kwargs: Any) -> dict[str
 
 def assistant_turns(conversation: list[dict[str, Any]]) -> list[int]:
     return [i for i, m in enumerate(conversation) if m["role"] == "assistant"]
+
+
+# -- rows of the shapes hub datasets hold, written here (nothing is downloaded) ---------------
+
+#: Image rows, one per way an image arrives; each is skipped with the reason given.
+IMAGE_ROWS: dict[str, tuple[dict[str, Any], str]] = {
+    "llava": ({"id": "000000033471", "image": "000000033471.jpg", "conversations": [
+        {"from": "human", "value": "<image>\nWhat are the colors of the bus in the image?"},
+        {"from": "gpt", "value": "The bus in the image is white and red."},
+        {"from": "human", "value": "What feature can be seen on the back of the bus?"},
+        {"from": "gpt", "value": "The back of the bus features an advertisement."}]},
+        "image in the row (field 'image')"),
+    "llama_factory_mllm": ({"messages": [
+        {"role": "user", "content": "<image>Who are they?"},
+        {"role": "assistant", "content": "They're Kane and Gretzka from Bayern Munich."}],
+        "images": ["mllm_demo_data/1.jpg"]},
+        "image in the row (field 'images')"),
+    "placeholder_only": ({"id": "GCC_train_002582585", "conversations": [
+        {"from": "human", "value": "Provide a brief description of the given image.\n<image>"},
+        {"from": "gpt", "value": "olive oil is a healthy ingredient used liberally ."}]},
+        "image in the row (<image> in a user turn)"),
+    "value_parts": ({"messages": [
+        {"role": "user", "content": [{"type": "image_url", "value": "demo/1.jpg"}, {"type": "text", "value": "Who is this?"}],
+         "loss_weight": 0.0},
+        {"role": "assistant", "content": [{"type": "text", "value": "A footballer."}], "loss_weight": 1.0}]},
+        "image in the row (content part 'image_url')"),
+    "video_field": ({"messages": [
+        {"role": "user", "content": "<video>What is she doing?"},
+        {"role": "assistant", "content": "She is cooking."}], "videos": ["demo/1.mp4"]},
+        "video in the row (field 'videos')"),
+}
+#: A text-only row of a LLaVA mix: kept (no image field, no placeholder).
+LLAVA_TEXT_ROW = {"id": "i6IyJda_0", "model": "", "conversations": [
+    {"from": "human", "value": "How do I reverse a list in Python?"},
+    {"from": "gpt", "value": "Use `items[::-1]` for a copy, or `items.reverse()` in place."}]}
+
+#: A web agent's turns with fields prep does not use: counted, never lost silently.
+AGENT_WITH_THOUGHTS = {"id": "web-17", "messages": [
+    {"role": "system", "content": "You are a web agent. Answer with one action per turn."},
+    {"role": "user", "content": "Find the cheapest flight from Oslo to Rome on May 3."},
+    {"role": "assistant", "content": "type [12] Oslo", "thoughts": "The origin box is element 12.",
+     "actions": [{"type": "type", "element": 12, "text": "Oslo"}]},
+    {"role": "user", "content": "OBSERVATION: the origin box shows Oslo"},
+    {"role": "assistant", "content": "click [31]", "thoughts": "Search.", "actions": [{"type": "click", "element": 31}]},
+    {"role": "user", "content": "OBSERVATION: 3 results, the first at $120"},
+    {"role": "assistant", "content": "stop [$120]", "thoughts": "The first result is the cheapest.", "actions": []}]}
+
+GLAIVE_TOOLS = [{"name": "get_exchange_rate", "description": "Get the exchange rate between two currencies",
+                 "parameters": {"type": "object", "properties": {
+                     "base_currency": {"type": "string", "description": "The currency to convert from"},
+                     "target_currency": {"type": "string", "description": "The currency to convert to"}},
+                     "required": ["base_currency", "target_currency"]}}]
+#: OpenAI-shaped rows whose tools differ, as a client sent them: through Arrow each tool gets the
+#: other tools' keys as null (and each call's arguments the other calls' argument names).
+ARROW_TOOL_ROWS = [
+    {"id": "ar-1", "tools": [WEATHER_TOOL | {"function": {**WEATHER_TOOL["function"], "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"},
+                                         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}}],
+     "messages": [
+         {"role": "user", "content": "Weather in Oslo?"},
+         {"role": "assistant", "content": "", "reasoning_content": "Call get_weather.", "tool_calls": [
+             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+         {"role": "tool", "tool_call_id": "call_1", "content": "snow, -3C"},
+         {"role": "assistant", "content": "Snowing, -3C.", "reasoning_content": "Answer."}]},
+    {"id": "ar-2", "tools": [{"type": "function", "function": {"name": "web_search", "description": "Search the web",
+                                                               "parameters": {"type": "object", "properties": {
+                                                                   "query": {"type": "string"},
+                                                                   "max_results": {"type": "integer", "minimum": 1}},
+                                                                   "required": ["query"]}}}],
+     "messages": [
+         {"role": "user", "content": "Who wrote Dune?"},
+         {"role": "assistant", "content": "", "reasoning_content": "Search it.", "tool_calls": [
+             {"id": "call_9", "type": "function", "function": {"name": "web_search", "arguments": {"query": "Dune author", "max_results": 2}}}]},
+         {"role": "tool", "tool_call_id": "call_9", "content": "Frank Herbert"},
+         {"role": "assistant", "content": "Frank Herbert.", "reasoning_content": "Found."}]},
+]
+
+
+def through_arrow(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` as a hub dataset gives them: through `datasets.Dataset.from_list`, nested dicts unified."""
+    import datasets
+
+    return list(datasets.Dataset.from_list(rows))
+
+
+def sample_rows(name: str) -> list[dict[str, Any]]:
+    """The rows of inventories/samples/NAME.jsonl."""
+    path = REPO / "inventories" / "samples" / f"{name}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -20,6 +20,7 @@ import pytest
 
 from remote import __main__ as verbs
 from remote import jobs
+from remote.logfile import CappedLog
 from remote.states import JobState
 from remote.store import JobStore
 from tests.harness import REPO, SCRIPTED, wait_for
@@ -356,15 +357,12 @@ def test_the_logs_end_line_is_written_before_the_end_state(tmp_path: Path, monke
     seen_at_end: list[str] = []
 
     def write_state(path: Path, state: dict[str, Any]) -> None:
-        sys.stdout.flush()
         seen_at_end.append(log.read_text())
 
     ran = supervisor.Supervisor(directory)
-    ran.output, ran.run_id = tmp_path / "data", "run-1"
-    with log.open("a") as handle:
-        monkeypatch.setattr(sys, "stdout", handle)  # a supervisor's stdout is its job's log
-        monkeypatch.setattr(supervisor, "write_state_last", write_state)
-        assert ran._finish({"state": "running"}, 0) == JobState.EMPTY  # no progress file: no records
+    ran.output, ran.run_id, ran.log = tmp_path / "data", "run-1", CappedLog(log, None)
+    monkeypatch.setattr(supervisor, "write_state_last", write_state)
+    assert ran._finish({"state": "running"}, 0) == JobState.EMPTY  # no progress file: no records
     assert len(seen_at_end) == 1 and "[aerie] empty: exit 0, 0 records" in seen_at_end[0]
 
 
@@ -406,3 +404,160 @@ def test_a_slurm_job_that_ends_between_status_s_read_and_slurm_s_answer_keeps_it
     shown = jobs.describe(directory, 3.0, views, job=read_first)
     assert (shown["state"], shown["exit_code"]) == ("failed", 3)
     assert "without the supervisor's record" not in shown["message"]
+
+
+# -- whose process it is ------------------------------------------------------------------
+
+
+@pytest.fixture
+def bystander() -> Any:
+    """An unrelated process leading a session of its own (a tmux session, a login shell, another
+    user's run): what a recorded pid may belong to after a reboot."""
+    process = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    yield process
+    process.kill()
+    process.wait()
+
+
+def _records_of(process: subprocess.Popen[bytes]) -> dict[str, dict[str, Any]]:
+    """Records naming `process`'s pid that it cannot satisfy: each must make aerie leave it alone."""
+    from remote import processes
+
+    real = processes.identity(process.pid)
+    return {
+        "only a pid, as older releases recorded the server": {"pid": process.pid},
+        "the pid handed on (another start time)": {**real, "pid_start": "1"},
+        "another boot, with the same start time": {**real, "boot_id": "0000-another-boot"},
+    }
+
+
+@pytest.mark.parametrize("case", ["only a pid, as older releases recorded the server",
+                                  "the pid handed on (another start time)", "another boot, with the same start time"])
+def test_the_pipelines_server_record_never_gets_a_process_that_is_not_ours_signalled(
+        tmp_path: Path, bystander: subprocess.Popen[bytes], case: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from remote import server
+
+    record = tmp_path / "server.json"
+    record.write_text(json.dumps(_records_of(bystander)[case]))
+    managed = server.ManagedServer({"command": "sleep 300", "url": "http://127.0.0.1:9/v1"}, tmp_path / "log", record)
+    assert managed.stop() is None
+    assert bystander.poll() is None
+    assert "is not our server" in capsys.readouterr().out and not record.exists()
+
+
+@pytest.mark.parametrize("case", ["the pid handed on (another start time)", "another boot, with the same start time"])
+def test_a_job_record_of_a_process_that_is_not_ours_is_never_signalled(bystander: subprocess.Popen[bytes],
+                                                                       case: str) -> None:
+    from remote import processes
+
+    state = {**_records_of(bystander)[case], "pgid": bystander.pid, "state": "running", "executor": "process"}
+    assert not processes.is_ours(state)
+    assert not processes.end_group(state, grace=0.1)
+    assert not jobs.executors.of(state).cancel(state)
+    assert bystander.poll() is None
+
+
+def test_a_job_recorded_before_a_reboot_is_died_whatever_its_pid_is_now(root: Path, bystander: subprocess.Popen[bytes]) -> None:
+    from remote import processes
+
+    directory = root / "jobs" / "A" / "prep"
+    directory.mkdir(parents=True)
+    (directory / "state.json").write_text(json.dumps({
+        "dataset": "A", "stage": "prep", "executor": "process", "state": "running", "stall_after": 600,
+        **processes.identity(bystander.pid), "boot_id": "0000-another-boot", "pgid": bystander.pid,
+        "started_at": 1.0}))
+    shown = state_of(root, "A")
+    assert shown["state"] == "died" and "the host has rebooted" in shown["message"]
+    assert not jobs.stop(root, "A", "prep")["stopped"]
+    assert bystander.poll() is None
+
+
+def test_a_process_is_ours_only_with_its_start_time_and_boot(bystander: subprocess.Popen[bytes]) -> None:
+    from remote import processes
+
+    assert processes.is_ours(processes.identity(bystander.pid))
+    assert processes.is_ours({k: v for k, v in processes.identity(bystander.pid).items() if k != "boot_id"})
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert not processes.is_ours({"pid": gone.pid})  # no start time proves nothing, even of a pid that is free
+
+
+# -- stopped only by `inv stop` ------------------------------------------------------------
+
+
+@E2E
+@pytest.mark.parametrize("target", ["supervisor", "stage"])
+def test_a_sigterm_not_from_inv_stop_ends_the_job_died_with_the_signal_named_and_rerun_relaunches_it(
+        root: Path, target: str) -> None:
+    # systemd at shutdown, an operator's `kill`: not a stop the user asked for, so `inv status` must
+    # exit non-zero and `inv rerun --failed` must pick the job up.
+    jobs.launch(root, spec("A", "records=1000 sleep=0.1"))
+    supervisor = record(root, "A")["pid"]
+    stage: list[int] = []
+    wait_for(lambda: bool(stage.extend(descendants(supervisor, "scripted.py")) or stage), 15, "the stage")
+    os.kill(supervisor if target == "supervisor" else stage[0], signal.SIGTERM)
+    ended = wait_ended(root, "A")
+    assert (ended["state"], ended["signal"]) == ("died", "SIGTERM"), ended
+    assert ended["message"].startswith("killed by SIGTERM, not by `inv stop`"), ended["message"]
+    assert JobState(ended["state"]).is_bad()
+    wait_for(lambda: not is_running(supervisor), 10, "the supervisor to exit")
+    relaunched = verbs.rerun({"root": str(root), "specs": {"A/prep": spec("A", "records=1")}})
+    assert [r["dataset"] for r in relaunched if r["launched"]] == ["A"]
+    assert wait_ended(root, "A")["state"] == "succeeded"
+
+
+@E2E
+def test_inv_stop_ends_the_job_stopped_and_its_request_does_not_outlive_the_run(root: Path) -> None:
+    jobs.launch(root, spec("A", "records=1000 sleep=0.1"))
+    wait_for(lambda: state_of(root, "A")["records"] > 0, 15, "A to write")
+    assert jobs.stop(root, "A", "prep")["stopped"]
+    ended = wait_ended(root, "A")
+    assert ended["state"] == "stopped" and not JobState.STOPPED.is_bad(), ended
+    wait_for(lambda: not is_running(record(root, "A")["pid"]), 10, "the supervisor to exit")
+    jobs.launch(root, spec("A", "records=1000 sleep=0.1"))  # a new run: a later SIGTERM is not that stop
+    assert not (root / "jobs" / "A" / "prep" / "stop.json").exists()
+    wait_for(lambda: state_of(root, "A")["records"] > 0, 15, "A to write again")
+    os.kill(record(root, "A")["pid"], signal.SIGTERM)
+    assert wait_ended(root, "A")["state"] == "died"
+
+
+# -- a job's last words ---------------------------------------------------------------------
+
+
+@E2E
+def test_a_failed_jobs_error_keeps_its_last_words_in_its_state(root: Path) -> None:
+    long_line = "infer C3: " + "120 of 83288 prompts not answered, " * 30 + "continues where this stopped"
+    huge_line = "x" * 100_000 + " the very end"
+    for name, line in (("A", long_line), ("B", huge_line)):
+        command = f"{{python}} -c {json.dumps(f'import sys; print({line!r}); sys.exit(3)')}"
+        jobs.launch(root, spec(name, "", command=command))
+    for name, line in (("A", long_line), ("B", huge_line)):
+        ended = wait_ended(root, name)
+        message = record(root, name)["message"]
+        assert ended["state"] == "failed" and ended["message"] == message
+        assert message.endswith(line[-2000:]) and len(message) <= 8192
+    assert record(root, "A")["message"] == f"exit 3: {long_line}"
+    assert record(root, "B")["message"].startswith("exit 3: …x")
+
+
+def test_a_slurm_job_cancelled_by_anyone_but_inv_stop_is_died() -> None:
+    from remote import slurm_jobs
+    from remote.slurm import SlurmJob
+
+    cancelled = SlurmJob("7", "CANCELLED by 0", node="n1", source="jobcomp")
+    state = {"slurm_job_id": "7", "stall_after": 600, "started_at": 1.0}
+    for recorded, seen in (("running", JobState.DIED), ("died", JobState.DIED), ("stopped", JobState.STOPPED)):
+        shown, note = slurm_jobs.effective({**state, "state": recorded}, {}, 2.0, cancelled)
+        assert shown == seen and note.startswith("Slurm: CANCELLED on n1"), (recorded, shown, note)
+        assert ("not by `inv stop`" in note) == (seen == JobState.DIED)
+
+
+@pytest.mark.parametrize("case", ["the pid handed on (another start time)", "another boot, with the same start time"])
+def test_evals_leftover_server_record_never_gets_a_process_that_is_not_ours_signalled(
+        tmp_path: Path, bystander: subprocess.Popen[bytes], case: str) -> None:
+    from remote.stages import eval as evaluation
+
+    record = tmp_path / "server.json"
+    record.write_text(json.dumps(_records_of(bystander)[case]))
+    evaluation.stop_leftover_server(record)
+    assert bystander.poll() is None and not record.exists()

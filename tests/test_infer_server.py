@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from remote import server
+from remote import processes, server
 from tests.infer_fixtures import ScriptedServer, free_port
 
 KIMI_LAYERS = [2, 30, 58]
@@ -35,7 +35,7 @@ def test_stop_ends_the_servers_whole_process_group(tmp_path: Path) -> None:
         time.sleep(0.02)
     assert len(group_members(pid)) == 3
 
-    server.stop(pid, grace=5)
+    server.stop(processes.identity(pid), grace=5)
 
     assert group_members(pid) == []
     assert not server.is_running(pid)
@@ -45,7 +45,7 @@ def test_stop_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
     pid = server.start("trap '' TERM; sleep 300 & wait; sleep 300", tmp_path / "server.log")
     time.sleep(0.2)
     started = time.monotonic()
-    server.stop(pid, grace=0.5)
+    server.stop(processes.identity(pid), grace=0.5)
     assert group_members(pid) == []
     assert time.monotonic() - started < 5
 

@@ -38,7 +38,7 @@ def test_the_shipped_inventories_load() -> None:
         ("backend: local\n", "give either `host` (one host) or `hosts` (several, by name)"),
         ("backend: ssh\nhost: {root: /r}\n", "host.address is required when backend is ssh"),
         ("backend: local\nhost: {root: r}\nstages: {prep: {max_lenght: 3}}\n",
-         "stages.prep.max_lenght: unknown key (expected one of: command, stall_after, max_length"),
+         "stages.prep.max_lenght: unknown key (expected one of: command, stall_after, log_limit, max_length"),
         ("backend: local\nhost: [root\n", "not valid YAML"),
         ("- a\n", "expected a mapping of keys"),
         ("backend: local\nhost: {root: r}\ndatasets: {'../../etc': {source: s, kind: native}}\n",

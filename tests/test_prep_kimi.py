@@ -126,4 +126,4 @@ def test_the_token_byte_mask_agrees_with_the_piecewise_mask(kimi):
 
 
 def test_an_image_part_is_skipped_with_a_reason(kimi):
-    assert prepare(kimi, [IMAGE_ROW]).summary.skip_reasons == {"non-text content part (image_url)": 1}
+    assert prepare(kimi, [IMAGE_ROW]).summary.skip_reasons == {"image in the row (content part 'image_url')": 1}

@@ -78,7 +78,7 @@ def test_mixed_formats_in_one_file_are_each_detected_and_every_row_is_accounted_
         "unknown role 'narrator'": 1,
         "no conversations field (keys: id, text)": 1,
         "no assistant turn": 1,
-        "non-text content part (image_url)": 1,
+        "image in the row (content part 'image_url')": 1,
         "row is not an object (list)": 1,
         "field 'messages' is text but not JSON": 1,
     }

@@ -102,7 +102,7 @@ def test_inline_thinking_is_learned_as_reasoning(tiny_tokenizer):
 
 def test_an_image_part_skips_the_row_with_a_reason(tiny_tokenizer):
     prepared = prepare(tiny_tokenizer, [IMAGE_ROW])
-    assert prepared.summary.skip_reasons == {"non-text content part (image_url)": 1}
+    assert prepared.summary.skip_reasons == {"image in the row (content part 'image_url')": 1}
 
 
 def test_every_assistant_turn_of_a_long_agent_trajectory_is_masked(tiny_tokenizer):

@@ -154,7 +154,7 @@ def test_a_prompt_only_row_has_no_assistant_turn_for_native():
         ({"text": "just text"}, "no conversations field (keys: text)"),
         ({"messages": [{"content": "who am I"}]}, "turn without a role"),
         ({"messages": "[not json"}, "field 'messages' is text but not JSON"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "non-text content part (image_url)"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "image in the row (content part 'image_url')"),
         ({"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"function": {"arguments": "{}"}}]}]}, "tool call without a name"),
         ([1, 2], "row is not an object (list)"),
     ],

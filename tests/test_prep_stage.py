@@ -83,6 +83,7 @@ def test_native_stage_writes_conversations_shards_and_a_manifest(tmp_path, tiny_
     assert manifest["formats"] == {"sharegpt": 4, "openai_tools": 2, "agent_trajectory": 3, "openai": 1, "swe_agent": 1}
     assert manifest["release"] == "r-test"
     assert manifest["tokenizer"] == str(tiny_tokenizer_dir.resolve())
+    assert (manifest["tool_declarations"], manifest["dropped_fields"]) == ({"json": 2}, {})
     shards = sorted(p.name for p in output.glob("tokens-*.parquet"))
     assert shards == ["tokens-00000.parquet", "tokens-00001.parquet", "tokens-00002.parquet", "tokens-00003.parquet"]
     assert sorted(manifest["outputs"]) == sorted(["conversations.jsonl", *shards])

@@ -100,3 +100,22 @@ def test_the_tiny_tokenizer_is_small_deterministic_and_kimi_shaped(tmp_path, tin
         "<|im_assistant|>assistant<|im_middle|><think></think>hello<|im_end|>"
         "<|im_system|>tool<|im_middle|>## Return of t:0\nok<|im_end|>"
     )
+
+
+def test_validate_reports_how_tools_were_declared_and_the_turn_fields_prep_dropped(tmp_path, tiny_tokenizer_dir):
+    from local.validate import details
+    from tests.prep_fixtures import AGENT_WITH_THOUGHTS
+
+    agent = tmp_path / "agent.jsonl"
+    agent.write_text(json.dumps(AGENT_WITH_THOUGHTS) + "\n" + json.dumps({**AGENT_WITH_THOUGHTS, "id": "web-18"}) + "\n")
+    entries = validate(_request(tiny_tokenizer_dir, G={"kind": "native", "sample": str(SAMPLES / "glaive_toolcall.jsonl")},
+                                A={"kind": "native", "sample": str(agent)}))
+    glaive, web = entries
+    # The tiny tokenizer's template is plain Jinja: JSON, as most templates declare tools.
+    assert glaive["tool_declarations"] == {"json": 3} and glaive["dropped_fields"] == {}
+    assert web["dropped_fields"] == {"thoughts": 6, "actions": 4} and web["tool_declarations"] == {}
+    assert details(glaive) == "G: tools declared as JSON in 3 rows"
+    assert details(web) == "A: thoughts dropped in 6 turns, actions dropped in 4 turns"
+    assert details({**web, "dropped_fields": {"thoughts": 1}, "tool_declarations": {"typescript": 1}}) == (
+        "A: tools declared TypeScript-style in 1 row; thoughts dropped in 1 turn")
+    assert details({**web, "dropped_fields": {}}) is None

@@ -12,10 +12,14 @@ the unified schema, absent ones as None, so "missing" here always means
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from remote.prep.roles import canonical_role
+from remote.prep.content import Content, placeholder_media, read_content, row_media
+from remote.prep.errors import Skip
+from remote.prep.roles import canonical_role, is_call_role
+from remote.prep.tools import normalise_tools, tool_calls
 
 #: Fields that hold a row's own id, in order of preference.
 ID_FIELDS = ("id", "prompt_id", "conversation_id", "instance_id", "uuid", "idx")
@@ -24,16 +28,13 @@ PROMPT_FIELDS = (("instruction", "alpaca"), ("prompt", "prompt"), ("question", "
 #: Where those families keep an answer, when they have one.
 ANSWER_FIELDS = ("output", "response", "completion", "answer", "solution")
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
-TEXT_PART_TYPES = ("text", "input_text", "output_text")
+CONTENT_FIELDS = ("content", "value", "text")
+#: The fields of a turn prep reads, by role; any other that holds something is counted as dropped.
+TURN_FIELDS = frozenset({"role", "from", *CONTENT_FIELDS})
+USED_FIELDS = {"assistant": TURN_FIELDS | {*REASONING_FIELDS, "tool_calls", "function_call"},
+               "tool": TURN_FIELDS | {"tool_call_id", "name"}}
+SWE_AGENT_FIELDS = frozenset({"role", "text", "system_prompt"})
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
-class Skip(Exception):
-    """A row that cannot become a record; `reason` is what the counts are keyed by."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass
@@ -46,6 +47,8 @@ class Record:
     tools: list[dict[str, Any]] | None = None
     #: The family the row was detected as (not written to the record).
     format: str = field(default="", compare=False)
+    #: Fields of its turns that prep does not use (``thoughts``, ``actions``), by name: turns that held one.
+    dropped: Counter = field(default_factory=Counter, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "conversations": self.conversations}
@@ -58,14 +61,19 @@ def normalise(row: Any, index: int, kind: str = "native", dataset: str = "") -> 
     """The record for `row` (the `index`-th of its dataset); raises `Skip`."""
     if not isinstance(row, dict):
         raise Skip(f"row is not an object ({type(row).__name__})")
-    fmt, turns = _detect(row)
+    dropped: Counter = Counter()
+    fmt, turns = _detect(row, dropped)
+    media = row_media(row) or placeholder_media(turns)
+    if media:
+        raise Skip(media)
+    turns = _merge_calls(turns)
     system = row.get("system")
     if isinstance(system, str) and system.strip() and not any(t["role"] == "system" for t in turns):
         turns.insert(0, {"role": "system", "content": system})
     for turn in turns:
         if turn["role"] == "assistant":
             _split_inline_reasoning(turn)
-    record = Record(_row_id(row, index, dataset), turns, _tools(row), fmt)
+    record = Record(_row_id(row, index, dataset), turns, normalise_tools(row.get("tools")), fmt, dropped)
     if kind == "prompts":
         record.conversations = _prompt_turns(turns)
         record.tools = None
@@ -74,7 +82,7 @@ def normalise(row: Any, index: int, kind: str = "native", dataset: str = "") -> 
     return record
 
 
-def _detect(row: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+def _detect(row: dict[str, Any], dropped: Counter) -> tuple[str, list[dict[str, Any]]]:
     """The row's family and its turns, canonical roles already applied."""
     as_text = False
     for key in ("trajectory", "messages", "conversations", "conversation"):
@@ -87,8 +95,8 @@ def _detect(row: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
             raise Skip(f"field {key!r} is not a list")
         suffix = "+json_text" if as_text else ""
         if key == "trajectory":
-            return "swe_agent" + suffix, _swe_agent_turns(value)
-        turns = [_turn(raw, i) for i, raw in enumerate(value)]
+            return "swe_agent" + suffix, _swe_agent_turns(value, dropped)
+        turns = [_turn(raw, i, dropped) for i, raw in enumerate(value)]
         turns = [t for t in turns if t is not None]
         if key == "messages":
             return _messages_family(row, turns) + suffix, turns
@@ -96,7 +104,7 @@ def _detect(row: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     for key, family in PROMPT_FIELDS:
         value = row.get(key)
         if isinstance(value, list):  # a prompt given as messages
-            turns = [t for t in (_turn(raw, i) for i, raw in enumerate(value)) if t is not None]
+            turns = [t for t in (_turn(raw, i, dropped) for i, raw in enumerate(value)) if t is not None]
             return family + "_messages", turns + _answer_turn(row)
         if isinstance(value, str):
             return family, _prompt_pair(row, key, value)
@@ -115,6 +123,8 @@ def _messages_family(row: dict[str, Any], turns: list[dict[str, Any]]) -> str:
 
 
 def _conversations_family(row: dict[str, Any], raw_turns: list[Any]) -> str:
+    if any(isinstance(t, dict) and is_call_role(t.get("from")) for t in raw_turns):
+        return "sharegpt_tools"
     if isinstance(row.get("system"), str):
         return "openthoughts"
     if any(isinstance(t, dict) and t.get("from") is not None for t in raw_turns):
@@ -122,13 +132,14 @@ def _conversations_family(row: dict[str, Any], raw_turns: list[Any]) -> str:
     return "specforge"  # role/content turns: SpecForge's layout, as the infer stage writes it
 
 
-def _swe_agent_turns(items: list[Any]) -> list[dict[str, Any]]:
+def _swe_agent_turns(items: list[Any], dropped: Counter) -> list[dict[str, Any]]:
     """SWE-agent's ``{role: system|ai|user, text, system_prompt}`` items."""
     turns = []
     for item in items:
         if not isinstance(item, dict):
             raise Skip("trajectory item is not an object")
         role = _role(item.get("role"))
+        _count_dropped(item, SWE_AGENT_FIELDS, dropped)
         text = item.get("text")
         # NOTE: the system item keeps its prompt in `system_prompt` and has text None.
         if text is None and role == "system":
@@ -139,7 +150,7 @@ def _swe_agent_turns(items: list[Any]) -> list[dict[str, Any]]:
     return turns
 
 
-def _turn(raw: Any, position: int) -> dict[str, Any] | None:
+def _turn(raw: Any, position: int, dropped: Counter) -> dict[str, Any] | None:
     """One turn in OpenAI shape; None for an empty system turn, which says nothing."""
     if not isinstance(raw, dict):
         raise Skip("turn is not an object")
@@ -147,17 +158,25 @@ def _turn(raw: Any, position: int) -> dict[str, Any] | None:
     if name is None:
         raise Skip("turn without a role")
     role = _role(name)
-    content = next((raw[k] for k in ("content", "value", "text") if raw.get(k) is not None), None)
-    turn: dict[str, Any] = {"role": role, "content": _content(content)}
+    _count_dropped(raw, USED_FIELDS.get(role, TURN_FIELDS), dropped)
+    value = next((raw[k] for k in CONTENT_FIELDS if raw.get(k) is not None), None)
+    if is_call_role(name):  # ShareGPT's `function_call`: the value is the call(s), as JSON text
+        content = Content(calls=_call_turn(value, name))
+    else:
+        content = read_content(value)
+    if role != "assistant" and (content.reasoning or content.calls):
+        raise Skip(f"a reasoning or tool-call content part in a {role} turn")
+    turn: dict[str, Any] = {"role": role, "content": content.text}
     if role == "assistant":
-        reasoning = next((raw[k] for k in REASONING_FIELDS if isinstance(raw.get(k), str)), None)
+        reasoning = next((raw[k] for k in REASONING_FIELDS if isinstance(raw.get(k), str)), None) or content.reasoning
         if reasoning:
             turn["reasoning_content"] = reasoning
         calls = raw.get("tool_calls")
-        if calls is None and isinstance(raw.get("function_call"), dict):
-            calls = [{"function": raw["function_call"]}]  # OpenAI's older single-call field
+        if calls is None and isinstance(raw.get("function_call"), (dict, str)):
+            calls = [raw["function_call"]]  # OpenAI's older single-call field
+        calls = _call_list(calls) + content.calls
         if calls:
-            turn["tool_calls"] = _tool_calls(calls, position)
+            turn["tool_calls"] = tool_calls(calls, position)
     if role == "tool":
         for key in ("tool_call_id", "name"):
             if raw.get(key) is not None:
@@ -165,6 +184,57 @@ def _turn(raw: Any, position: int) -> dict[str, Any] | None:
     if role == "system" and not turn["content"].strip():
         return None
     return turn
+
+
+def _call_turn(value: Any, name: str) -> list[Any]:
+    """The calls of a ShareGPT ``function_call`` turn: ``{"name", "arguments"}`` or a list of them,
+    as JSON text (or already parsed)."""
+    calls = value
+    if isinstance(value, str):
+        try:
+            calls = json.loads(value)
+        except json.JSONDecodeError:
+            calls = None
+    if not isinstance(calls, (dict, list)) or not calls:
+        raise Skip(f"a {name!r} turn is not the JSON of a tool call")
+    return calls if isinstance(calls, list) else [calls]
+
+
+def _call_list(calls: Any) -> list[Any]:
+    """A turn's `tool_calls` field as a list (JSON text parsed), for the calls of its parts to follow."""
+    if calls is None:
+        return []
+    if isinstance(calls, str):
+        calls = _json_field(calls, "tool_calls")
+    if isinstance(calls, dict):
+        return [calls]
+    if not isinstance(calls, list):
+        raise Skip("tool_calls is not a list")
+    return calls
+
+
+def _merge_calls(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A turn of tool calls alone, right after an assistant turn, joined to it: one generation
+    (words, then the calls section) that a conversion split in two (ShareGPT's `gpt` then
+    `function_call`, or several `function_call` turns for parallel calls)."""
+    out: list[dict[str, Any]] = []
+    for turn in turns:
+        before = out[-1] if out else None
+        calls_only = (turn["role"] == "assistant" and turn.get("tool_calls") and not turn["content"]
+                      and not turn.get("reasoning_content"))
+        if calls_only and before is not None and before["role"] == "assistant":
+            out[-1] = {**before, "tool_calls": (before.get("tool_calls") or []) + turn["tool_calls"]}
+            continue
+        out.append(turn)
+    return out
+
+
+def _count_dropped(raw: dict[str, Any], used: frozenset[str], dropped: Counter) -> None:
+    """Count the fields of a turn that prep does not use and that hold something (through Arrow every
+    turn has every turn's fields, as None: those hold nothing)."""
+    for key in raw.keys() - used:
+        if raw[key] not in (None, "", [], {}):
+            dropped[str(key)] += 1
 
 
 def _split_inline_reasoning(turn: dict[str, Any]) -> None:
@@ -196,63 +266,11 @@ def _role(name: Any) -> str:
 
 
 def _content(value: Any) -> str:
-    """Text of a turn: a string, or OpenAI's list of parts joined."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return "".join(_part_text(part) for part in value)
-    raise Skip(f"content is {type(value).__name__}, not text")
-
-
-def _part_text(part: Any) -> str:
-    if isinstance(part, str):
-        return part
-    if not isinstance(part, dict):
-        raise Skip(f"content part is {type(part).__name__}, not text")
-    kind = part.get("type") or "text"
-    if kind in TEXT_PART_TYPES and isinstance(part.get("text"), str):
-        return part["text"]
-    # NOTE: the draft is text-only: an image's tokens would be placeholders it cannot learn from.
-    raise Skip(f"non-text content part ({kind})")
-
-
-def _tool_calls(raw: Any, position: int) -> list[dict[str, Any]]:
-    """Tool calls in OpenAI shape, arguments as a JSON string (what templates and servers expect)."""
-    if isinstance(raw, str):
-        raw = _json_field(raw, "tool_calls")
-    if isinstance(raw, dict):
-        raw = [raw]
-    if not isinstance(raw, list):
-        raise Skip("tool_calls is not a list")
-    calls = []
-    for k, call in enumerate(raw):
-        if not isinstance(call, dict):
-            raise Skip("tool call is not an object")
-        function = call.get("function") if isinstance(call.get("function"), dict) else call
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise Skip("tool call without a name")
-        arguments = function.get("arguments")
-        if arguments is None:
-            arguments = "{}"
-        elif not isinstance(arguments, str):
-            arguments = json.dumps(arguments, ensure_ascii=False)
-        call_id = call.get("id") or f"call_{position}_{k}"
-        calls.append({"id": str(call_id), "type": "function", "function": {"name": name, "arguments": arguments}})
-    return calls
-
-
-def _tools(row: dict[str, Any]) -> list[dict[str, Any]] | None:
-    tools = row.get("tools")
-    if isinstance(tools, str):
-        tools = _json_field(tools, "tools") if tools.strip() else None
-    if not tools:
-        return None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise Skip("field 'tools' is not a list of objects")
-    return tools
+    """Text of a turn that can hold only text (SWE-agent's items)."""
+    content = read_content(value)
+    if content.reasoning or content.calls:
+        raise Skip("a reasoning or tool-call content part where only text is read")
+    return content.text
 
 
 def _prompt_pair(row: dict[str, Any], key: str, prompt: str) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from remote.prep.load import Malformed
 from remote.prep.normalise import Record, Skip, normalise
 from remote.prep.settings import PrepSettings, Target
 from remote.prep.sequences import Sequence, sequences
-from remote.prep.template import ChatTemplate
+from remote.prep.template import ChatTemplate, tool_declaration
 from remote.prep.tokenise import Encoder, EncodingStats, Tokens
 from remote.prep.tool_ids import kimi_ids
 
@@ -50,6 +50,10 @@ class Summary:
     max_tokens: int = 0
     truncated: int = 0
     encoding: EncodingStats = field(default_factory=EncodingStats)
+    #: Fields of turns that prep does not use, by name: how many turns held each (never lost silently).
+    dropped_fields: Counter = field(default_factory=Counter)
+    #: Rows with tools, by how the template declared them (`remote.prep.template.tool_declaration`).
+    tool_declarations: Counter = field(default_factory=Counter)
 
     @property
     def skipped(self) -> int:
@@ -77,6 +81,8 @@ class Summary:
         self.skip_reasons.update(other.skip_reasons)
         self.formats.update(other.formats)
         self.records_skipped.update(other.records_skipped)
+        self.dropped_fields.update(other.dropped_fields)
+        self.tool_declarations.update(other.tool_declarations)
         self.encoding.merge(other.encoding)
 
     def top_reasons(self, n: int = 5) -> list[tuple[str, int]]:
@@ -97,6 +103,8 @@ class Summary:
             "reasoning_tokens": self.reasoning_tokens,
             "learned_tokens": self.loss_tokens,
             "mean_tokens": self.mean_tokens,
+            "dropped_fields": dict(self.dropped_fields.most_common()),
+            "tool_declarations": dict(self.tool_declarations.most_common()),
         }
 
     def token_stats(self) -> dict[str, Any]:
@@ -168,6 +176,8 @@ class Preparer:
             except Skip as skip:
                 started.summary.skip_reasons[skip.reason] += 1
                 continue
+            if record.tools and found:
+                started.summary.tool_declarations[tool_declaration(found[0].text, record.tools)] += 1
             started.records.append(record)
             started.sequences.append(found)
             started.texts.append(text)
@@ -235,6 +245,7 @@ class Preparer:
                 summary.skip_reasons[f"unreadable row ({type(exc).__name__}: {str(exc)[:60]})"] += 1
                 continue
             summary.formats[record.format] += 1
+            summary.dropped_fields.update(record.dropped)
             yield record
 
 

@@ -14,14 +14,20 @@ ROLE_ALIASES: dict[str, str] = {
     "bot": "assistant",
     "model": "assistant",
     "chatgpt": "assistant",
-    # LLaMA-Factory's ShareGPT variant: the assistant's call and the tool's answer.
+    # ShareGPT-style tool calling (LLaMA-Factory's glaive conversion and its role tags): a turn
+    # whose value is the JSON of the assistant's call(s), then the tool's answer.
     "function_call": "assistant",
+    "tool_call": "assistant",
+    "tool_calls": "assistant",
     "tool": "tool",
     "function": "tool",
     "ipython": "tool",
     "observation": "tool",
     "tool_response": "tool",
+    "function_response": "tool",
 }
+#: Spellings of a turn whose text is the JSON of the assistant's tool call(s), not words.
+CALL_ROLES = frozenset({"function_call", "tool_call", "tool_calls"})
 
 
 def canonical_role(name: object) -> str | None:
@@ -29,3 +35,8 @@ def canonical_role(name: object) -> str | None:
     if not isinstance(name, str):
         return None
     return ROLE_ALIASES.get(name.strip().lower())
+
+
+def is_call_role(name: object) -> bool:
+    """Whether `name` marks a turn that holds tool calls as JSON (ShareGPT's ``function_call``)."""
+    return isinstance(name, str) and name.strip().lower() in CALL_ROLES

@@ -15,6 +15,7 @@ of two renders of the conversation instead (slower, same result).
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -234,3 +235,16 @@ class ChatTemplate:
             return False
         call = PROBE_CALL["tool_calls"][0]
         return call["id"] in text and call["function"]["name"] not in text
+
+
+def tool_declaration(text: str, tools: list[dict[str, Any]]) -> str:
+    """How the context `text` declares `tools`: ``typescript`` (Kimi's ``type NAME = (_: …) => any;``,
+    what its server declares for tools a client sends), ``json`` (the schemas as JSON: most templates'
+    way, and Kimi's fallback when its converter fails on a schema), or ``other`` (declared some other
+    way, or not at all)."""
+    names = [json.dumps(tool["function"]["name"], ensure_ascii=False) for tool in tools]
+    if any(f'"name":{name}' in text or f'"name": {name}' in text for name in names):
+        return "json"
+    if all(f"type {tool['function']['name']} = (" in text for tool in tools):
+        return "typescript"
+    return "other"

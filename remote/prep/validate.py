@@ -8,7 +8,8 @@ Usage: ``python -m remote.prep.validate '<json>'`` with::
 
 Prints, through `remote.wire.emit`, a list with one entry per dataset:
 ``{"dataset", "kind", "formats", "rows", "kept", "skipped", "skip_reasons",
-"mean_tokens", "error"}``. A dataset that cannot be checked (no sample file, a
+"mean_tokens", "dropped_fields", "tool_declarations", "error", ...}`` (the counts of
+`remote.prep.pipeline.Summary.counts`). A dataset that cannot be checked (no sample file, a
 tokenizer that does not load) gets an entry with `error` set, never a crash;
 the workstation decides what fails. Nothing is written to disk.
 """

@@ -124,21 +124,22 @@ def running(command: str, log: Path, record: Path, url: str, settings: dict[str,
     progress.note(f"{name}: starting the server")
     print(f"server: {command}", flush=True)
     pid = server.start(command, log, env=settings["server_env"])
-    write_json_atomic(record, {"pid": pid, "pid_start": processes.process_start(pid)})
+    started = processes.identity(pid)
+    write_json_atomic(record, started)
     try:
         server.wait_healthy(url, float(settings["server_start_timeout"]), pid, log, beat=progress.beat)
         yield pid
     finally:
-        server.stop(pid, grace=STOP_GRACE)
+        server.stop(started, grace=STOP_GRACE)
         record.unlink(missing_ok=True)
 
 
 def stop_leftover_server(record: Path) -> None:
-    """A server a killed run left behind (its pid checked with its start time, never a reused pid)."""
+    """A server a killed run left behind (its pid checked with its start time and boot, never a reused pid)."""
     left = read_json(record, {})
-    if left.get("pid") and processes.process_start(left["pid"]) == left.get("pid_start"):
+    if isinstance(left, dict) and processes.is_ours(left):
         print(f"server: stopping pid {left['pid']}, left by an earlier run", flush=True)
-        server.stop(left["pid"], grace=STOP_GRACE)
+        server.stop(left, grace=STOP_GRACE)
     record.unlink(missing_ok=True)
 
 
