@@ -331,3 +331,13 @@ def test_the_held_out_records_are_the_offline_route_s_and_keep_to_a_quarter_of_t
     trained = [i for c in tight["chunks"] for i in c["A1"]]
     assert sorted(trained + held) == list(range(40))  # every record trained on or held out, none twice
     assert all(sum(sizes[i] for i in c["A1"]) <= room for c in tight["chunks"])
+
+
+def test_a_long_load_keeps_the_job_alive_and_its_error_reaches_the_caller() -> None:
+    from remote.eagle3.resident import while_beating
+
+    beats: list[float] = []
+    assert while_beating(lambda: time.sleep(0.25) or "model", lambda: beats.append(time.monotonic()), every=0.05) == "model"
+    assert len(beats) >= 3  # the job said it was alive while the target loaded
+    with pytest.raises(StageInputError, match="no weights"):
+        while_beating(lambda: (_ for _ in ()).throw(StageInputError("no weights")), lambda: None, every=0.01)

@@ -16,8 +16,9 @@ so a sub-step's counters only say the job is alive.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from remote.progress import Progress, read_json, write_json_atomic
 from remote.stages import StageContext
@@ -56,6 +57,27 @@ class Relay:
         self.progress.beat()
 
 
+def while_beating(work: Callable[[], Any], beat: Callable[[], None], every: float = 1.0) -> Any:
+    """`work()`'s result, run in a thread while this one says the job is alive: loading Kimi-K2.5
+    takes many minutes, longer than a job may go without progress before it shows `stalled`."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # handed to the caller, as if it had run here
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(every)
+        beat()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def sub_context(ctx: StageContext, stage: str, settings: dict[str, Any], output: Path, inputs: list[Path]) -> StageContext:
     """The context a stage would get from the supervisor, for a step of the chunked job."""
     config = {"dataset": {}, "stage": settings, "inventory": ctx.shared_config, "inputs": [str(p) for p in inputs]}
@@ -76,7 +98,8 @@ class Extractor:
 
         stage = sub_context(self.ctx, "extract", self.settings, output, [prep])
         if self.model is None:
-            self.model = extract.load(extract.plan(stage), best_device(), relay)
+            checked = extract.plan(stage)
+            self.model = while_beating(lambda: extract.load(checked, best_device(), relay), relay.beat)
             self.loads += 1
         output.mkdir(parents=True, exist_ok=True)
         extract.run(stage, relay, model=self.model)  # type: ignore[arg-type]
@@ -115,7 +138,7 @@ class Trainer:
         shape = read_shape(target_settings(self.ctx.shared_config)[0])
         stage = sub_context(self.ctx, "train", self.settings, self.output, inputs)
         config = train.draft_for(stage, self.extracted, shape.vocab_size, read_config(shape.path))
-        counts = trained_token_counts(self.trained["preps"], self.trained["heldout"], shape.vocab_size)
+        counts = trained_token_counts(self.trained["preps"], self.trained["heldout"], shape.vocab_size, self.progress.beat)
         d2t, t2d = build_mapping(counts, config["draft_vocab_size"])
         self.device = torch.device(best_device())
         embed, head = read_embed_and_head(shape)
@@ -208,7 +231,8 @@ class Trainer:
 
 
 
-def trained_token_counts(preps: dict[str, Path], heldout: dict[str, list[int]], vocab_size: int) -> Any:
+def trained_token_counts(preps: dict[str, Path], heldout: dict[str, list[int]], vocab_size: int,
+                         beat: Callable[[], None] = lambda: None) -> Any:
     """How often each token is trained on (`remote.eagle3.vocab.token_counts`) over every record the run
     trains on, read from prep's ids and masks, not from states: the draft's vocabulary is the one the
     offline route would pick, not the first chunk's (which may lack the tokens of a whole dataset)."""
@@ -224,6 +248,7 @@ def trained_token_counts(preps: dict[str, Path], heldout: dict[str, list[int]], 
     for name, prep in preps.items():
         skip, seen = set(heldout.get(name, [])), 0
         for file in shard_files(prep):
+            beat()
             table = pq.read_table(file, columns=["input_ids", "loss_mask"])
             table, seen = table.take(pa.array([i for i in range(table.num_rows) if seen + i not in skip], pa.int64())), seen + table.num_rows
             ids = pc.list_flatten(table["input_ids"]).to_numpy(zero_copy_only=False).astype(np.int64)
