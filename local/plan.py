@@ -74,7 +74,7 @@ def show(host: RemoteHost, console: Console, as_json: bool = False) -> dict[str,
     budget = size_text(result["disk_budget"]) if result["disk_budget"] else "unset (the free space)"
     console.print(f"disk: {size_text(result['free_bytes'])} free, stages.extract.disk_budget {budget}")
     if result["route"]:
-        chunks = f" in {result['chunks']} chunks" if result["route"] == "chunked" else ""
+        chunks = f" in about {result['chunks']} chunks" if result["route"] == "chunked" else ""
         console.print(f"route that fits: [bold]{result['route']}[/]{chunks} (configured: {result['configured_route']})")
     if result.get("costs"):
         console.print(costs_table(result))
