@@ -6,7 +6,8 @@ plain clients on the same server; `concurrency: auto` vs. pinned 4, 16 and 64 on
 saturating stand-in), extract (capture vs. a bare forward pass),
 slurm (launch and status of 40 jobs on the test cluster), loop (deploy and
 rerun as typed, against rsync, scp and ssh), view (the watch view of 20 to 1,000 bad jobs,
-against one screenful of table). Figures are recorded in
+against one screenful of table), chunked (the chunked route's wall time and
+held-out accept length against the offline route's on the same records). Figures are recorded in
 docs/benchmarks.md.
 """
 
@@ -18,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-SUITES = ("control", "loop", "view", "prep", "infer", "extract", "slurm")
+SUITES = ("control", "loop", "view", "prep", "infer", "extract", "slurm", "chunked")
 
 
 def run(only: list[str] | None = None) -> dict[str, Any]:

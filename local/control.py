@@ -159,7 +159,8 @@ def _settled(job: dict[str, Any]) -> bool:
 
 def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
     inventory = host.inventory
-    results = host.call("check", layers=inventory.stages.extract.layers, datasets=list(inventory.datasets),
+    results = host.call("check", layers=inventory.stages.extract.layers, dtype=inventory.stages.extract.dtype,
+                        datasets=list(inventory.datasets),
                         model=jobs.on_host(inventory.target.model_dump(), host.root)["model"],
                         server_url=inventory.stages.infer.server_url)
     from rich.table import Table

@@ -133,6 +133,9 @@ class Extract(Stage):
     draft_config: str | None = Field(None, description="the draft's config.json, to check widths against")
     disk_budget: int | str | None = Field(None, description="disk the hidden states may take: bytes or e.g. 500G; default: the free space")
     route: Literal["auto", "offline", "chunked", "online"] = Field("auto", description="see `inv plan`; auto: the first that fits")
+    passes: int | None = Field(None, ge=1, description="the chunked route: forward passes of the target over the records; "
+                               "each chunk on disk is trained stages.train.epochs / passes epochs; default: epochs "
+                               "(re-extracted every epoch); 1: each record read once (docs/chunked.md)")
 
 
 class Train(Stage):

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from local import jobs, validate as validating
@@ -29,6 +30,7 @@ def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]
         "model": jobs.on_host(inventory.target.model_dump(), root)["model"],
         "layers": extract.layers, "dtype": extract.dtype, "disk_budget": extract.disk_budget,
         "route": extract.route, "engine": train.engine, "max_length": prep.max_length,
+        "epochs": train.epochs, "passes": extract.passes or train.epochs, "resident": extract.command is None,
         "datasets": [
             {"dataset": name, "source": d.source, "kind": d.kind, "rows": d.rows, "limit": d.limit,
              "max_length": prep.max_length, "estimate": (estimates or {}).get(name),
@@ -61,9 +63,6 @@ def show(host: RemoteHost, console: Console, as_json: bool = False) -> dict[str,
     if as_json:
         print(json.dumps(result, indent=2))
         return result
-    from rich.markup import escape
-    from rich.table import Table
-
     result = visible_all(result)  # the host's words: shown, never obeyed (local/visible.py)
     table = Table(title=f"plan for {host.name}:{host.root}", title_justify="left")
     for header, justify in (("dataset", "left"), ("records", "right"), ("tokens", "right"), ("from", "left")):
@@ -78,14 +77,32 @@ def show(host: RemoteHost, console: Console, as_json: bool = False) -> dict[str,
     budget = size_text(result["disk_budget"]) if result["disk_budget"] else "unset (the free space)"
     console.print(f"disk: {size_text(result['free_bytes'])} free, stages.extract.disk_budget {budget}")
     if result["route"]:
-        chunks = f" in {result['chunks']} chunks" if result["route"] == "chunked" else ""
+        chunks = f" in about {result['chunks']} chunks" if result["route"] == "chunked" else ""
         console.print(f"route that fits: [bold]{result['route']}[/]{chunks} (configured: {result['configured_route']})")
+    if result.get("costs"):
+        console.print(costs_table(result))
     if result.get("reason"):
         console.print(f"[yellow]note:[/] {escape(result['reason'])}")
     why = refusal(result)
     if why:
         console.print(f"[bold red]{escape(why)}[/]")
     return result
+
+
+def costs_table(result: dict[str, Any]) -> Table:
+    """What each route asks of the target, and the hours at the throughput a previous run measured."""
+    rates = result.get("throughput") or {}
+    known = rates.get("extract_tokens_per_s") and rates.get("train_tokens_per_s")
+    note = (f"at {rates['extract_tokens_per_s']:,.0f} tok/s forward, {rates['train_tokens_per_s']:,.0f} tok/s trained "
+            f"(measured by {escape(rates['from'])})") if known else "time unknown: no run on this host measured the throughput yet"
+    table = Table(title=f"what each route costs ({note})", title_justify="left")
+    for header in ("route", "target loads", "forward passes", "tokens read by the target", "estimated time"):
+        table.add_column(header, justify="left" if header == "route" else "right")
+    for route, cost in result["costs"].items():
+        fits = " (fits)" if route == result["route"] else ""
+        hours = "unknown" if cost["hours"] is None else f"{cost['hours']:,.2f} h"
+        table.add_row(route + fits, f"{cost['target_loads']:,}", f"{cost['passes']:,}", f"{cost['forward_tokens']:,}", hours)
+    return table
 
 
 def require(host: RemoteHost) -> dict[str, Any]:

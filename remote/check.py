@@ -17,7 +17,6 @@ from remote import plan, server
 
 # NOTE: tiktoken is what Kimi-K2.5's own tokenizer (trust_remote_code) is built on.
 PACKAGES = ("datasets", "transformers", "tokenizers", "tiktoken", "torch", "pyarrow", "safetensors")
-DTYPE = "bfloat16"  # the states' dtype this check sizes by (it is not sent stages.extract.dtype)
 
 
 def check(name: str, ok: bool, detail: str, warn_only: bool = False) -> dict[str, Any]:
@@ -50,22 +49,20 @@ def gpus() -> dict[str, Any]:
     return check("gpus", bool(names), "; ".join(names) or done.stderr.strip() or "none")
 
 
-def disk(root: Path, datasets: list[str], layers: list[int], model: str | None) -> dict[str, Any]:
-    """Free space against the hidden states' size: tokens × `plan.bytes_per_token`."""
+def disk(root: Path, datasets: list[str], layers: list[int], model: str | None, dtype: str) -> dict[str, Any]:
+    """Free space against the hidden states' size, sized as `inv plan` sizes them (`plan.stored_bytes`)."""
     free = shutil.disk_usage(root if root.exists() else root.parent).free
     width = plan.hidden_size(model)
-    tokens = sum(_tokens(root / "data" / name) for name in datasets)
+    manifests = [m for m in (plan.prep_manifest(root / "data" / name) for name in datasets) if m]
+    tokens = sum(int(m["tokens"]["total"]) for m in manifests)
     if not width or not tokens:
         return check("disk", True, f"{free / 2**30:,.1f} GiB free; no estimate yet (needs prep's token counts and the target's config)")
-    per_token = plan.bytes_per_token(layers, width, DTYPE)
-    need = per_token * tokens
-    detail = f"{free / 2**30:,.1f} GiB free, hidden states need about {need / 2**30:,.1f} GiB ({tokens:,} tokens × {per_token:,} B)"
-    return check("disk", free > need, detail)
-
-
-def _tokens(data: Path) -> int:
-    manifest = plan.prep_manifest(data)
-    return int(manifest["tokens"]["total"]) if manifest else 0
+    per_token = plan.bytes_per_token(layers, width, dtype)
+    need = plan.stored_bytes(tokens, sum(int(m.get("kept") or 0) for m in manifests), per_token)
+    detail = (f"{free / 2**30:,.1f} GiB free, hidden states need about {need / 2**30:,.1f} GiB ({tokens:,} tokens × "
+              f"{per_token:,} B in {dtype}, with ids and file framing)")
+    # NOTE: a warning: the chunked and online routes need far less than all the states (`inv plan`).
+    return check("disk", free > need, detail + ("" if free > need else "; `inv plan` shows the route that fits"), True)
 
 
 def inference_server(url: str, layers: list[int]) -> dict[str, Any]:
@@ -84,6 +81,6 @@ def run(args: dict[str, Any]) -> list[dict[str, Any]]:
         python(),
         *packages(),
         gpus(),
-        disk(Path(args["root"]), args["datasets"], layers, args.get("model")),
+        disk(Path(args["root"]), args["datasets"], layers, args.get("model"), args["dtype"]),
         inference_server(args["server_url"], layers),
     ]

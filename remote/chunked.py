@@ -1,26 +1,37 @@
 """The chunked route: extract a chunk of records that fits the disk budget, train on it, delete it, go on.
 
 One job (``draft/chunked``) replaces every dataset's ``extract`` and the
-``draft/train`` job when the states do not fit on disk (`remote.plan`). For
-each epoch asked, for each chunk k of n:
+``draft/train`` job when the states do not fit on disk (`remote.plan`).
 
-1. ``extract``: prep's records of the chunk are copied (token ids only, a few
-   bytes a token) to ``chunk-<k>/<dataset>/prep/`` and the configured extract
-   command (``stages.extract.command``, else the built-in stage) runs on each,
-   writing its states to ``chunk-<k>/<dataset>/extract/``;
-2. ``train``: the configured train command runs for one pass over the chunk's
-   states, writing the draft to ``<root>/data/draft/train/`` -- the same place
-   as the offline route -- and going on from its last checkpoint
-   (`remote.eagle3.resume`: draft, optimizer, one schedule over all chunks);
-3. the chunk is deleted.
+**The plan** (``chunks.json``, made once per set of inputs and settings): the
+records the train stage would hold out (`remote.eagle3.heldout`'s hashing rule
+over the paths their states would have on the offline route, so both routes
+measure their drafts on the same records) are extracted once into
+``heldout/`` and kept there, within a quarter of ``stages.extract.disk_budget``,
+for the draft's measurement after every epoch and for `inv eval`'s prompts.
+The other records are shuffled (seeded) across datasets and cut into chunks whose
+files -- states, ids and masks, file framing and the copied ids -- fit what is
+left of the budget; only one chunk exists at a time.
 
-Chunks are cut from prep's exact token counts so that one chunk's files --
-states, ids and masks, file framing and the copied ids -- stay within
-``stages.extract.disk_budget``; only one chunk exists at a time. Where the
-run stands (epoch, chunk, phase) is in ``state.json`` beside the chunk plan
-(``chunks.json``), so a rerun after a crash or `inv stop` goes on from the
-phase it was in: extract keeps its complete shards, train its checkpoint.
-The status line says ``epoch e/E, chunk k of n: <phase>``.
+**The passes**: ``stages.extract.passes`` forward passes of the target over
+the records (default: ``stages.train.epochs``). In each pass every chunk is
+extracted, trained on for its share of the epochs (``epochs / passes``,
+shuffled inside the chunk every epoch) and deleted; the chunks' order changes
+from pass to pass. The default re-extracts every chunk every epoch; ``passes: 1``
+reads every record through the target once (E times fewer forward passes, but
+E epochs on one chunk at a time: docs/chunked.md has both measured).
+
+**The stages**: the built-in extract and train run inside this job
+(`remote.eagle3.resident`): the target is loaded once per run, the draft and
+its optimizer are kept from chunk to chunk, with one learning-rate schedule
+over the run. A configured ``stages.extract.command`` or ``stages.train.command``
+(or ``engine: specforge``) runs as its own process per chunk and pass instead.
+
+**Where it stands** (pass, chunk, phase) is in ``state.json``, so a rerun after
+a crash or `inv stop` goes on from the phase it was in: extract keeps its
+complete shards, train its checkpoint (`remote.eagle3.resume`). The status line
+says ``pass p/P, chunk k of n: <phase>``; the time left comes from the passes
+done, extract and train measured apart (``timing.json``).
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -46,10 +58,17 @@ from remote.settings import need
 PREP_BYTES_PER_TOKEN = 8
 #: A record's share of its shard's directory and meta.json (a 4 KiB block each), at worst one shard a record.
 SHARD_BYTES = 8192
-#: A chunk's small files and directories, each a 4 KiB block: per dataset (prep, extract, plan, manifests)
+#: A chunk's small files and directories, each a 4 KiB block: per part (prep, extract, plan, manifests)
 #: and the chunk's own (its directory, the run's state and progress files).
 DATASET_BYTES = 64 * 1024
 CHUNK_BYTES = 32 * 1024
+#: The most of the budget the held-out records' states may keep; lower-ranked ones beyond it are trained on.
+HELDOUT_SHARE = 0.25
+#: Seeds the chunks' records and each pass's order of chunks.
+SEED = 0
+START = {"pass": 0, "chunk": 0, "phase": "extract"}
+TIMING = {"extract_seconds": 0.0, "extracted_records": 0, "extracted_tokens": 0, "train_seconds": 0.0,
+          "trained_steps": 0, "trained_tokens": 0, "target_loads": 0}
 
 
 def record_size(tokens: int, per_token: int) -> int:
@@ -57,9 +76,9 @@ def record_size(tokens: int, per_token: int) -> int:
     return sizing.record_bytes(tokens, per_token) + tokens * PREP_BYTES_PER_TOKEN + SHARD_BYTES
 
 
-def reserved(datasets: int) -> int:
-    """Disk a chunk takes besides its records."""
-    return CHUNK_BYTES + DATASET_BYTES * datasets
+def reserved(parts: int) -> int:
+    """Disk the run's directories take besides their records (`parts`: the chunk's, and the held-out one's if any)."""
+    return CHUNK_BYTES + DATASET_BYTES * parts
 
 
 def token_counts(prep_dir: Path) -> list[int]:
@@ -80,8 +99,8 @@ def cut(sizes: list[int], budget: int) -> list[tuple[int, int]]:
     ranges, start, used = [], 0, 0
     for index, size in enumerate(sizes):
         if size > budget:
-            raise StageInputError(f"record {index} alone needs {size:,} B on disk, more than stages.extract.disk_budget "
-                                  f"{budget:,} B: raise the budget or use the online route")
+            raise StageInputError(f"record {index} alone needs {size:,} B on disk, more than the {budget:,} B of "
+                                  "stages.extract.disk_budget left for a chunk: raise the budget or use the online route")
         if used + size > budget:
             ranges.append((start, index))
             start, used = index, 0
@@ -91,8 +110,36 @@ def cut(sizes: list[int], budget: int) -> list[tuple[int, int]]:
     return ranges
 
 
+def offline_path(dataset: str, index: int, shard_size: int) -> Path:
+    """Where the offline route's extract would store the record (the held-out rule hashes this path)."""
+    from remote.eagle3.shards import sample_name, shard_name
+
+    return Path("data") / dataset / "extract" / shard_name(index // shard_size) / sample_name(index)
+
+
+def epochs_per_pass(epochs: int, passes: int) -> list[int]:
+    """How many epochs each pass trains on a chunk while it is on disk: `epochs` spread over `passes`."""
+    return [epochs // passes + (1 if p < epochs % passes else 0) for p in range(passes)]
+
+
+def pass_order(chunks: int, index: int) -> list[int]:
+    """The order of the chunks in pass `index`: as planned first, then shuffled anew each pass."""
+    order = list(range(chunks))
+    if index:
+        random.Random(SEED + index).shuffle(order)
+    return order
+
+
+def group(records: list[tuple[str, int, int]]) -> dict[str, list[int]]:
+    """{dataset: record indices in prep's order} of (dataset, index, tokens) records."""
+    parts: dict[str, list[int]] = {}
+    for name, index, _ in records:
+        parts.setdefault(name, []).append(index)
+    return {name: sorted(indices) for name, indices in parts.items()}
+
+
 class Chunked:
-    """One chunked run: its plan of chunks, where it stands, and the stage commands it runs."""
+    """One chunked run: its plan of chunks, where it stands, and the stages it runs."""
 
     def __init__(self, ctx: StageContext, progress: Progress) -> None:
         self.ctx, self.progress = ctx, progress
@@ -100,6 +147,10 @@ class Chunked:
         self.extract: dict[str, Any] = settings.get("extract") or {}
         self.train: dict[str, Any] = settings.get("train") or {}
         self.epochs = int(need(self.train, "train", "epochs", StageInputError))
+        self.passes = int(self.extract.get("passes") or self.epochs)  # default: re-extracted every epoch
+        if not 1 <= self.passes <= self.epochs:
+            raise StageInputError(f"stages.extract.passes {self.passes}: expected 1 to stages.train.epochs ({self.epochs})")
+        self.batch = int(need(self.train, "train", "batch_size", StageInputError))
         self.budget = sizing.parse_size(settings.get("disk_budget"))
         if not self.budget:
             raise StageInputError("the chunked route needs stages.extract.disk_budget (e.g. 500G)")
@@ -108,6 +159,10 @@ class Chunked:
             raise StageInputError("the chunked route got no prep outputs to read (config prep_inputs)")
         self.out = ctx.output
         self.train_out = ctx.data / "train"
+        # NOTE: the built-in stages, named or not, run in this process; any other command is opaque.
+        self.resident_extract = self.extract.get("command") in (None, "", DEFAULT_COMMANDS["extract"])
+        self.resident_train = (self.train.get("command") in (None, "", DEFAULT_COMMANDS["train"])
+                               and need(self.train, "train", "engine", StageInputError) == "aerie")
 
     # -- the plan of chunks ------------------------------------------------------
 
@@ -120,112 +175,251 @@ class Chunked:
             raise StageInputError("target.model has no readable config.json with hidden_size on the host")
         return sizing.bytes_per_token(self.extract.get("layers") or [2, 30, 58], hidden, dtype)
 
-    def chunks(self) -> list[list[dict[str, Any]]]:
-        """Each chunk as [{dataset, start, end}] over prep's order; made once and kept (chunks.json)."""
+    def plan(self) -> dict[str, Any]:
+        """{heldout, chunks: [{dataset: [indices]}], records, tokens}; made once and kept (chunks.json)."""
         fingerprint = self.fingerprint()
         saved = read_json(self.out / "chunks.json")
         if saved and saved.get("fingerprint") == fingerprint:
-            return saved["chunks"]
+            return saved
         per_token = self.per_token()
-        order = [(name, i, n) for name, prep in self.preps.items() for i, n in enumerate(token_counts(prep))]
-        sizes = [record_size(n, per_token) for _, _, n in order]
-        chunks = []
-        for start, end in cut(sizes, self.budget - reserved(len(self.preps))):
-            parts: dict[str, dict[str, Any]] = {}
-            for name, index, _ in order[start:end]:
-                part = parts.setdefault(name, {"dataset": name, "start": index, "end": index})
-                part["end"] = index + 1
-            chunks.append(list(parts.values()))
-        # A new plan is a new run: forget where an older one stood.
-        (self.out / "state.json").unlink(missing_ok=True)
-        write_json_atomic(self.out / "chunks.json", {"fingerprint": fingerprint, "chunks": chunks})
-        return chunks
+        records = [(name, i, n) for name, prep in self.preps.items() for i, n in enumerate(token_counts(prep))]
+        held = self.heldout(records, per_token)
+        trained = [r for r in records if (r[0], r[1]) not in held]
+        random.Random(SEED).shuffle(trained)  # every chunk a sample of every dataset
+        room = self.budget - reserved(1 + bool(held)) - sum(record_size(n, per_token) for name, i, n in records if (name, i) in held)
+        ranges = cut([record_size(n, per_token) for _, _, n in trained], room)
+        result = {
+            "fingerprint": fingerprint, "heldout": group([r for r in records if (r[0], r[1]) in held]),
+            "chunks": [group(trained[start:end]) for start, end in ranges],
+            "records": [end - start for start, end in ranges],
+            "tokens": [sum(n for _, _, n in trained[start:end]) for start, end in ranges],
+            "heldout_tokens": sum(n for name, i, n in records if (name, i) in held),
+        }
+        # NOTE: a new plan is a new run: forget where an older one stood and what it measured.
+        for name in ("state.json", "timing.json", "evaluations.json"):
+            (self.out / name).unlink(missing_ok=True)
+        shutil.rmtree(self.out / "heldout", ignore_errors=True)
+        write_json_atomic(self.out / "chunks.json", result)
+        return result
+
+    def heldout(self, records: list[tuple[str, int, int]], per_token: int) -> set[tuple[str, int]]:
+        """The records train would hold out, by their offline paths, as many as fit `HELDOUT_SHARE` of the budget."""
+        if not self.resident_train:
+            return set()  # a train command measures nothing here: every record is trained on
+        from remote.eagle3 import heldout
+
+        shard_size = int(need(self.extract, "extract", "shard_size", StageInputError))
+        paths = {offline_path(name, i, shard_size): (name, i, n) for name, i, n in records}
+        _, held = heldout.split(list(paths), self.train.get("eval_records"), float(self.train.get("eval_fraction") or 0))
+        kept, used = set(), 0
+        for path in sorted(held, key=heldout._rank):
+            name, i, n = paths[path]
+            used += record_size(n, per_token)
+            if used > self.budget * HELDOUT_SHARE:
+                self.progress.note(f"held out {len(kept)} of {len(held)} records: {HELDOUT_SHARE:.0%} of the budget holds their states")
+                break
+            kept.add((name, i))
+        return kept
 
     def fingerprint(self) -> str:
-        """What the chunks depend on; prep's counts, not its release, so a rerun of prep that
+        """What the plan depends on; prep's counts, not its release, so a rerun of prep that
         gives the same records does not throw the run's progress away."""
         manifests = {name: read_json(prep / "manifest.json", {}) for name, prep in self.preps.items()}
         key = {
             "prep": {name: [m.get("kept"), (m.get("tokens") or {}).get("total")] for name, m in manifests.items()},
-            "budget": self.budget, "layers": self.extract.get("layers"), "dtype": self.extract.get("dtype"),
+            "budget": self.budget, "layers": self.extract.get("layers"), "captured": self.captured(),
+            "dtype": self.extract.get("dtype"),
             "target": (self.ctx.shared_config.get("target") or {}).get("model"), "epochs": self.epochs,
+            "passes": self.passes, "heldout": [self.resident_train, self.train.get("eval_records"),
+                                               self.train.get("eval_fraction"), self.extract.get("shard_size")],
         }
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    def captured(self) -> list[int] | None:
+        """The HF hidden_states the layer ids name for this target (`remote.eagle3.layers`): states
+        kept under another meaning of the ids (aerie before SGLang's per-architecture rule) are not reused."""
+        from remote.eagle3 import layers
+
+        model, ids = (self.ctx.shared_config.get("target") or {}).get("model"), self.extract.get("layers")
+        try:
+            return layers.captured(ids, layers.target_architecture(Path(model))) if model and ids else None
+        except StageInputError:
+            return None  # extract itself refuses the target, naming why
 
     # -- running -------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        self.out.mkdir(parents=True, exist_ok=True)
-        chunks = self.chunks()
-        state = read_json(self.out / "state.json", {"epoch": 0, "chunk": 0, "phase": "extract"})
-        if state != {"epoch": 0, "chunk": 0, "phase": "extract"}:
-            self.progress.note(f"resuming at epoch {state['epoch'] + 1}, chunk {state['chunk'] + 1}, {state['phase']}")
-        records = [sum(p["end"] - p["start"] for p in chunk) for chunk in chunks]
-        batch = int(need(self.train, "train", "batch_size", StageInputError))
-        schedule = self.epochs * sum(-(-n // batch) for n in records)
-        if state["epoch"] > 0 or state["chunk"] > 0:
-            self.progress.written(sum(records) if state["epoch"] > 0 else sum(records[: state["chunk"]]))
+        from remote.eagle3 import resident
+
         started = time.time()
-        for epoch in range(state["epoch"], self.epochs):
-            first = state["chunk"] if epoch == state["epoch"] else 0
-            for k in range(first, len(chunks)):
-                phase = state["phase"] if (epoch, k) == (state["epoch"], state["chunk"]) else "extract"
-                where = f"epoch {epoch + 1}/{self.epochs}, chunk {k + 1} of {len(chunks)}"
-                self.progress.metrics(epoch=epoch + 1, chunk=k + 1, chunks=len(chunks))
-                directory = self.out / f"chunk-{k:05d}"
-                if phase == "extract":
-                    self.progress.note(f"{where}: extracting {records[k]} records")
-                    self.extract_chunk(directory, chunks[k])
-                    self.save(epoch, k, "train")
-                self.progress.note(f"{where}: training")
-                self.train_chunk(directory, chunks[k], schedule, f"epoch {epoch + 1}, chunk {k + 1}")
-                # NOTE: the state moves on before the delete: a crash in between leaves a
-                # chunk that the next run's extract of chunk k + 1 never reads, and removes.
-                self.save(epoch, k + 1, "extract")
-                shutil.rmtree(directory, ignore_errors=True)
-                if epoch == 0:
-                    self.progress.written(records[k])
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.layout = self.plan()
+        chunks = self.layout["chunks"]
+        self.timing = {**TIMING, **read_json(self.out / "timing.json", {})}
+        self.extractor = resident.Extractor(self.ctx, self.stage_settings(self.extract)) if self.resident_extract else None
+        heldout_files = self.extract_heldout()
+        self.trainer = resident.Trainer(
+            self.ctx, {**self.stage_settings(self.train), "eval_records": 0}, self.train_out, heldout_files,
+            self.schedule(), self.out / resident.EVALUATIONS, self.progress,
+            {"preps": self.preps, "heldout": self.layout["heldout"]}) if self.resident_train else None
+        state = read_json(self.out / "state.json", START)
+        if state != START:
+            self.progress.note(f"resuming at pass {state['pass'] + 1}, chunk {state['chunk'] + 1}, {state['phase']}")
+        self.progress.expect(self.schedule(), by="step")
+        self.progress.written(sum(self.layout["records"]) if state["pass"] > 0
+                              else sum(self.layout["records"][k] for k in pass_order(len(chunks), 0)[: state["chunk"]]))
+        self.progress.metrics(step=self.steps_before(state["pass"], state["chunk"]))
+        self.estimate(state["pass"], state["chunk"])  # a resumed run: from what the earlier ones measured
+        for index in range(state["pass"], self.passes):
+            order = pass_order(len(chunks), index)
+            for position in range(state["chunk"] if index == state["pass"] else 0, len(chunks)):
+                phase = state["phase"] if (index, position) == (state["pass"], state["chunk"]) else "extract"
+                self.visit(index, position, order[position], phase)
         for stale in self.out.glob("chunk-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        manifest = {"release": self.ctx.release, "route": "chunked", "chunks": len(chunks), "epochs": self.epochs,
-                    "records": sum(records), "disk_budget": self.budget, "draft": str(self.train_out / "draft"),
-                    "seconds": round(time.time() - started, 3)}
-        write_json_atomic(self.out / "manifest.json", manifest)
-        self.progress.note(f"{len(chunks)} chunk(s) × {self.epochs} epoch(s) trained; draft in {manifest['draft']}")
-        return manifest
+        return self.finish(time.time() - started)
 
-    def save(self, epoch: int, chunk: int, phase: str) -> None:
-        write_json_atomic(self.out / "state.json", {"epoch": epoch, "chunk": chunk, "phase": phase})
+    def visit(self, index: int, position: int, k: int, phase: str) -> None:
+        """Pass `index` over chunk `k` (the `position`-th of the pass): extract unless done, train, delete."""
+        chunks = self.layout["chunks"]
+        where = f"pass {index + 1}/{self.passes}, chunk {position + 1} of {len(chunks)}"
+        self.progress.metrics(**{"pass": index + 1, "chunk": position + 1, "chunks": len(chunks)})
+        directory = self.out / f"chunk-{k:05d}"
+        records, tokens = self.layout["records"][k], self.layout["tokens"][k]
+        if phase == "extract":
+            self.progress.note(f"{where}: extracting {records} records")
+            began = time.monotonic()
+            self.extract_chunk(directory, chunks[k], skips=index == 0)
+            self.measured(extract_seconds=time.monotonic() - began, extracted_records=records, extracted_tokens=tokens)
+            self.save(index, position, "train")
+        epochs = epochs_per_pass(self.epochs, self.passes)[index]
+        self.progress.note(f"{where}: training {epochs} epoch(s)")
+        began = time.monotonic()
+        self.train_chunk(directory, epochs, f"pass {index + 1}, chunk {k + 1}", seed=SEED + 1000 * index)
+        steps = epochs * -(-records // self.batch)
+        self.measured(train_seconds=time.monotonic() - began, trained_steps=steps, trained_tokens=epochs * tokens)
+        # NOTE: the state moves on before the delete: a crash in between leaves a chunk
+        # that the next run's extract of another chunk removes.
+        self.save(index, position + 1, "extract")
+        shutil.rmtree(directory, ignore_errors=True)
+        if index == 0:
+            self.progress.written(records)
+        done = self.steps_before(index, position + 1)
+        self.progress.metrics(step=done)
+        self.measure_epochs(done)
+        self.estimate(index, position + 1)
 
-    def extract_chunk(self, directory: Path, chunk: list[dict[str, Any]]) -> None:
+    def save(self, index: int, position: int, phase: str) -> None:
+        write_json_atomic(self.out / "state.json", {"pass": index, "chunk": position, "phase": phase})
+
+    def measured(self, **spent: float) -> None:
+        """Add a phase's time and work to the run's measurements (kept across restarts for the ETA and the plan)."""
+        for key, value in spent.items():
+            self.timing[key] += value
+        write_json_atomic(self.out / "timing.json", self.timing)
+
+    # -- steps, epochs and the time left -------------------------------------------
+
+    def steps_per_epoch(self) -> int:
+        return sum(-(-n // self.batch) for n in self.layout["records"])
+
+    def schedule(self) -> int:
+        """Optimizer steps of the whole run: one learning-rate schedule over every pass."""
+        return self.epochs * self.steps_per_epoch()
+
+    def steps_before(self, index: int, position: int) -> int:
+        """Optimizer steps taken once pass `index` has trained its first `position` chunks."""
+        if index >= self.passes:
+            return self.schedule()
+        shares = epochs_per_pass(self.epochs, self.passes)
+        order = pass_order(len(self.layout["chunks"]), index)
+        this_pass = sum(-(-self.layout["records"][k] // self.batch) for k in order[:position])
+        return sum(shares[:index]) * self.steps_per_epoch() + shares[index] * this_pass
+
+    def measure_epochs(self, steps: int) -> None:
+        """The draft on the held-out records each time the steps taken pass a whole epoch's worth."""
+        if self.trainer is None or not self.trainer.heldout or self.trainer.draft is None:
+            return
+        epoch = steps // max(self.steps_per_epoch(), 1)
+        measured = self.trainer.evaluation.epochs
+        if epoch > (measured[-1].epoch if measured else 0):
+            self.trainer.measure(epoch)
+
+    def estimate(self, index: int, position: int) -> None:
+        """Seconds left: the records still to extract and the steps still to train, each at its measured speed."""
+        t = self.timing
+        if not t["extracted_records"] or not t["trained_steps"]:
+            return
+        chunks = len(self.layout["chunks"])
+        left = [(p, k) for p in range(index, self.passes) for k in pass_order(chunks, p)[(position if p == index else 0):]]
+        records = sum(self.layout["records"][k] for _, k in left)
+        steps = self.schedule() - self.steps_before(index, position)
+        seconds = records * t["extract_seconds"] / t["extracted_records"] + steps * t["train_seconds"] / t["trained_steps"]
+        self.progress.estimate(seconds)
+
+    # -- the stages ----------------------------------------------------------------
+
+    def stage_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in settings.items() if k != "command"}
+
+    def extract_heldout(self) -> list[Path]:
+        """The held-out records' states, extracted on the first run and kept; their files."""
+        from remote.eagle3.shards import ShardStore
+
+        selection = self.layout["heldout"]
+        if not selection:
+            return []
+        directory = self.out / "heldout"
+        if not (directory / "extract" / "manifest.json").is_file():
+            count = sum(len(v) for v in selection.values())
+            self.progress.note(f"extracting the {count} held-out records (kept for the draft's measurement)")
+            began = time.monotonic()
+            copy_records(self.preps, selection, directory / "prep")
+            self.run_extract(directory, skips=True)
+            self.measured(extract_seconds=time.monotonic() - began, extracted_records=count,
+                          extracted_tokens=self.layout["heldout_tokens"])
+        return ShardStore(directory / "extract").sample_files()
+
+    def extract_chunk(self, directory: Path, chunk: dict[str, list[int]], skips: bool) -> None:
         for stale in self.out.glob("chunk-*"):
             if stale != directory:
                 shutil.rmtree(stale, ignore_errors=True)
-        for part in chunk:
-            data = directory / part["dataset"]
-            copy_records(self.preps[part["dataset"]], data / "prep", part["start"], part["end"])
-            self.stage("extract", self.extract, data, [data / "prep"], part["dataset"])
+        copy_records(self.preps, chunk, directory / "prep")
+        self.run_extract(directory, skips)
 
-    def train_chunk(self, directory: Path, chunk: list[dict[str, Any]], schedule: int, name: str) -> None:
-        # NOTE: no held-out evaluation per chunk: it would keep a share of every chunk's records
-        # out of training for good (each chunk is a different slice); the chunked route trains all.
-        # `chunk_pass` names this pass in the trainer's checkpoint: a stop after the trainer ended but
+    def run_extract(self, directory: Path, skips: bool) -> None:
+        from remote.eagle3.resident import Relay
+
+        if self.extractor is not None:
+            loads = self.extractor.loads
+            self.extractor.run(directory / "prep", directory / "extract", Relay(self.progress, skips))
+            self.measured(target_loads=self.extractor.loads - loads)
+        else:
+            self.stage("extract", self.stage_settings(self.extract), directory, [directory / "prep"], "draft")
+            self.measured(target_loads=1)
+
+    def train_chunk(self, directory: Path, epochs: int, name: str, seed: int) -> None:
+        # `name` names this pass in the trainer's checkpoint: a stop after the trainer ended but
         # before `save` recorded it runs the same pass again, which the checkpoint finds complete
         # (trains nothing), while the next pass -- even over the same chunk -- is new data.
-        settings = {**self.train, "epochs": 1, "schedule_steps": schedule, "eval_records": 0, "chunk_pass": name}
-        inputs = [directory / part["dataset"] / "extract" for part in chunk]
+        inputs = [directory / "extract"]
+        if self.trainer is not None:
+            self.trainer.run(inputs, epochs, name, seed)
+            return
+        settings = {**self.stage_settings(self.train), "epochs": epochs, "schedule_steps": self.schedule(),
+                    "eval_records": 0, "chunk_pass": name}
         self.stage("train", settings, self.ctx.data, inputs, "draft")
 
     def stage(self, name: str, settings: dict[str, Any], data: Path, inputs: list[Path], dataset: str) -> None:
         """Run a stage's configured command the way the supervisor would, in this job's log."""
         output = data / name
         output.mkdir(parents=True, exist_ok=True)
-        config = {"dataset": {}, "stage": {k: v for k, v in settings.items() if k != "command"},
-                  "inventory": self.ctx.shared_config, "inputs": [str(p) for p in inputs]}
+        config = {"dataset": {}, "stage": settings, "inventory": self.ctx.shared_config, "inputs": [str(p) for p in inputs]}
         env = {**os.environ, "AERIE_DATASET": dataset, "AERIE_STAGE": name, "AERIE_OUTPUT": str(output),
                "AERIE_DATA": str(data), "AERIE_CONFIG": json.dumps(config),
                "AERIE_PROGRESS": str(self.out / f".{name}.progress.json")}
-        command = (settings.get("command") or DEFAULT_COMMANDS[name]).replace("{python}", sys.executable)
+        command = ((self.extract if name == "extract" else self.train).get("command")
+                   or DEFAULT_COMMANDS[name]).replace("{python}", sys.executable)
         process = subprocess.Popen(command, shell=True, env=env)
         while True:
             try:
@@ -236,28 +430,47 @@ class Chunked:
         if process.returncode != 0:
             raise SystemExit(f"chunked: {name} exited with {process.returncode}; see the log above")
 
+    def finish(self, seconds: float) -> dict[str, Any]:
+        records = sum(self.layout["records"])
+        trained = self.trainer.manifest(self.epochs, records, seconds) if self.trainer is not None else {}
+        heldout = sum(len(v) for v in self.layout["heldout"].values())
+        manifest = {"release": self.ctx.release, "route": "chunked", "chunks": len(self.layout["chunks"]),
+                    "epochs": self.epochs, "passes": self.passes, "records": records, "heldout_records": heldout,
+                    "disk_budget": self.budget, "draft": str(self.train_out / "draft"), "seconds": round(seconds, 3),
+                    "tokens": sum(self.layout["tokens"]) + self.layout["heldout_tokens"],
+                    **{k: round(v, 3) if isinstance(v, float) else v for k, v in self.timing.items()},
+                    **{k: trained[k] for k in ("accept_length", "eval_accuracies", "epoch_history") if k in trained}}
+        write_json_atomic(self.out / "manifest.json", manifest)
+        accept = f", held-out accept length {manifest['accept_length']:.2f}" if manifest.get("accept_length") else ""
+        self.progress.note(f"{manifest['chunks']} chunk(s) × {self.passes} pass(es), {self.epochs} epoch(s) trained"
+                           f"{accept}; draft in {manifest['draft']}")
+        self.progress.estimate(0.0)
+        return manifest
 
-def copy_records(prep_dir: Path, out: Path, start: int, end: int) -> None:
-    """Prep's records [start, end) as a prep output of their own (parquet and manifest)."""
+
+def copy_records(preps: dict[str, Path], selection: dict[str, list[int]], out: Path) -> None:
+    """The selected records of each dataset's prep output as one prep output of their own (parquet and manifest)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from remote.eagle3.prep_input import COLUMNS, read_manifest, shard_files
 
-    manifest = read_manifest(prep_dir)
-    tables, seen = [], 0
-    for file in shard_files(prep_dir):
-        rows = pq.read_metadata(file).num_rows
-        if seen + rows > start and seen < end:
-            table = pq.read_table(file, columns=COLUMNS)
-            tables.append(table.slice(max(0, start - seen), min(end, seen + rows) - max(start, seen)))
-        seen += rows
+    tables, release = [], None
+    for name, indices in selection.items():
+        release = release or read_manifest(preps[name])["release"]
+        wanted, seen = sorted(indices), 0
+        for file in shard_files(preps[name]):
+            rows = pq.read_metadata(file).num_rows
+            local = [i - seen for i in wanted if seen <= i < seen + rows]
+            if local:
+                tables.append(pq.read_table(file, columns=COLUMNS).take(pa.array(local)))
+            seen += rows
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".tokens-00000.parquet.{os.getpid()}.tmp"
     pq.write_table(pa.concat_tables(tables), tmp)
     os.replace(tmp, out / "tokens-00000.parquet")
-    write_json_atomic(out / "manifest.json", {"release": manifest["release"], "kept": end - start,
-                                              "source": str(prep_dir), "range": [start, end]})
+    write_json_atomic(out / "manifest.json", {"release": release, "kept": sum(len(v) for v in selection.values()),
+                                              "source": {name: str(preps[name]) for name in selection}})
 
 
 def main() -> None:

@@ -2,8 +2,10 @@
 
 A stage that knows its total says so (`Progress.expect`), and its progress
 file carries ``total``, ``done`` and a recent ``rate``; a job's ``eta_s`` is
-then ``(total - done) / rate``. A job that has not started yet is estimated
-from what is known of it: its total from the jobs it reads (infer answers the
+then ``(total - done) / rate``. A stage whose phases run at different speeds
+says its own estimate instead (`Progress.estimate`: the chunked route's, from
+the extract and train time of the passes it has done), counted down since.
+A job that has not started yet is estimated from what is known of it: its total from the jobs it reads (infer answers the
 prompts prep kept; extract reads what prep or tokenize kept), its rate from a
 job of the same stage that ran or runs. The pipeline's time left replays the
 runner's rules over those estimates (a job starts when the jobs it needs are
@@ -16,6 +18,7 @@ job store itself needs no change (`annotate` is called by the status verb).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from remote.progress import read_mapping
@@ -30,7 +33,12 @@ RUNNER = ("pipeline", "run")
 def job_eta(progress: dict[str, Any], state: str) -> float | None:
     """Seconds left for a running job whose stage said its total; None when unknown."""
     total, done, rate = progress.get("total"), progress.get("done"), progress.get("rate")
-    if state not in ("running", "stalled") or total is None or done is None:
+    if state not in ("running", "stalled"):
+        return None
+    if isinstance(progress.get("eta_s"), (int, float)) and isinstance(progress.get("eta_at"), (int, float)):
+        # The stage's own estimate (the chunked route's, from its passes' measured times), counted down since.
+        return round(max(0.0, progress["eta_s"] - max(0.0, time.time() - progress["eta_at"])), 1)
+    if total is None or done is None:
         return None
     if done >= total:
         return 0.0

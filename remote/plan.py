@@ -9,6 +9,10 @@ bfloat16), so 88,000 records of 2-4k tokens are 10-20 TB. The routes:
   (`remote.chunked`); fits while the largest record fits the budget;
 - ``online``: SpecForge trains with the target running alongside; nothing on disk.
 
+Per route, `costs` says what it asks of the target -- its loads and the
+tokens its forward passes read (tokens x passes) -- and the hours that takes
+where a previous run on the host measured the throughput (`throughput`).
+
 Tokens per dataset come from prep's manifest (tokenize's for a prompts
 dataset) when prep has run, else from the workstation's estimate: `inv
 validate`'s sample statistics scaled by the source's row count (``rows`` in
@@ -56,6 +60,12 @@ def parse_size(value: Any) -> int | None:
 def record_bytes(tokens: int, bytes_per_token: int) -> int:
     """What one stored record of `tokens` tokens takes on disk, at most."""
     return tokens * (bytes_per_token + ID_BYTES_PER_TOKEN) + RECORD_OVERHEAD
+
+
+def stored_bytes(tokens: int, records: int, bytes_per_token: int) -> int:
+    """What every record's stored states take on disk -- the states, ids and masks, and each file's
+    framing: the one sizing `inv plan`, `inv check` and the route's choice share."""
+    return tokens * (bytes_per_token + ID_BYTES_PER_TOKEN) + records * RECORD_OVERHEAD
 
 
 def bytes_per_token(layers: list[int], hidden: int, dtype: str) -> int:
@@ -150,15 +160,66 @@ def plan(args: dict[str, Any]) -> dict[str, Any]:
     per_token = bytes_per_token(layers, hidden, dtype)
     records = sum(d["records"] or 0 for d in known)
     offline = tokens * per_token
-    # NOTE: the disk test counts ids, masks and file framing too, not only the states.
-    stored = tokens * (per_token + ID_BYTES_PER_TOKEN) + records * RECORD_OVERHEAD
+    stored = stored_bytes(tokens, records, per_token)
     largest = record_bytes(max([d["max_tokens"] or 0 for d in known] or [0]) or int(args.get("max_length") or 0), per_token)
     route, chunks = choose(stored, largest, usable, result["engine"])
     result.update(bytes_per_token=per_token, offline_bytes=offline, stored_bytes=stored, usable_bytes=usable,
                   largest_record_bytes=largest, route=route, chunks=chunks)
+    result["throughput"] = throughput(root)
+    result["costs"] = costs(result, args)
     if result["unknown"]:
         result["reason"] = f"tokens unknown for {', '.join(result['unknown'])}: run prep, or give a sample and `rows`"
     return result
+
+
+def costs(result: dict[str, Any], args: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per route: how often the target is loaded, the tokens its forward passes read (tokens x passes),
+    the tokens trained on, and the hours those take at the throughput a previous run measured (else None)."""
+    tokens, epochs, passes = result["tokens"], int(args.get("epochs") or 1), int(args.get("passes") or args.get("epochs") or 1)
+    chunks = max(int(result.get("chunks") or 0), math.ceil(result["stored_bytes"] / max(result["usable_bytes"], 1)))
+    routes = {
+        "offline": {"target_loads": len(result["datasets"]), "passes": 1},
+        # a configured extract command is a process per chunk and pass; the built-in stage stays loaded
+        "chunked": {"target_loads": 1 if args.get("resident", True) else chunks * passes, "passes": passes},
+        "online": {"target_loads": 1, "passes": epochs},  # SGLang serves the target; every epoch reads it again
+    }
+    rates = result["throughput"]
+    for route in routes.values():
+        route.update(forward_tokens=tokens * route["passes"], trained_tokens=tokens * epochs)
+        known = rates.get("extract_tokens_per_s") and rates.get("train_tokens_per_s")
+        route["hours"] = round((route["forward_tokens"] / rates["extract_tokens_per_s"]
+                                + route["trained_tokens"] / rates["train_tokens_per_s"]) / 3600, 2) if known else None
+    return routes
+
+
+def throughput(root: Path) -> dict[str, Any]:
+    """Tokens per second of the target's forward passes (extract) and of training, as the last runs on this
+    host measured them: the chunked route's manifest, else the offline extracts' and train's; None where none ran."""
+    data = root / "data"
+    chunked = read_manifest(data / "draft" / "chunked" / "manifest.json")
+    if chunked.get("extract_seconds") and chunked.get("train_seconds"):
+        return {"extract_tokens_per_s": chunked["extracted_tokens"] / chunked["extract_seconds"],
+                "train_tokens_per_s": chunked["trained_tokens"] / chunked["train_seconds"], "from": "draft/chunked"}
+    extracted, seconds = 0, 0.0
+    for manifest_path in sorted(data.glob("*/extract/manifest.json")):
+        manifest, prep = read_manifest(manifest_path), prep_manifest(manifest_path.parent.parent)
+        if manifest.get("seconds") and prep:
+            extracted, seconds = extracted + int(prep["tokens"]["total"]), seconds + float(manifest["seconds"])
+    train = read_manifest(data / "draft" / "train" / "manifest.json")
+    rate = {"extract_tokens_per_s": extracted / seconds if seconds else None, "train_tokens_per_s": None,
+            "from": "offline extract and train" if seconds else None}
+    if train.get("seconds") and train.get("engine") == "aerie" and train.get("route") != "chunked" and extracted:
+        share = train["records"] / max(train["records"] + int(train.get("eval_records") or 0), 1)
+        rate["train_tokens_per_s"] = extracted * share * int(train["epochs"]) / float(train["seconds"])
+    return rate
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def refusal(result: dict[str, Any]) -> str | None:

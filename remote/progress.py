@@ -76,6 +76,7 @@ class Progress:
         self.message = ""
         self.total: int | None = None
         self.total_by: str | None = None
+        self.eta: tuple[float, float] | None = None  # (seconds left, when said): a stage's own estimate
         self._flushed_at = 0.0
         self._marks: deque[tuple[float, int]] = deque()  # (when, done) at each flush
 
@@ -108,6 +109,12 @@ class Progress:
         self.total, self.total_by = total, by
         self._maybe_flush()
 
+    def estimate(self, seconds: float) -> None:
+        """Seconds left by the stage's own reckoning, for a stage whose phases run at different speeds
+        (the chunked route: extract and train); `inv status` prefers it to total / rate."""
+        self.eta = (seconds, time.time())
+        self._maybe_flush()
+
     @property
     def done(self) -> float:
         """How far towards `total`."""
@@ -131,6 +138,8 @@ class Progress:
         }
         if self.total is not None:
             snapshot.update(total=self.total, done=self.done, rate=self.rate())
+        if self.eta is not None:
+            snapshot.update(eta_s=round(self.eta[0], 1), eta_at=self.eta[1])
         return snapshot
 
     def rate(self) -> float | None:

@@ -26,7 +26,7 @@ TRAIN = {"draft_vocab_size": 200, "epochs": 2, "batch_size": 2, "learning_rate":
 
 def test_chunks_are_cut_in_order_within_the_budget_and_a_record_too_big_is_refused() -> None:
     assert chunked.cut([4, 4, 3, 5, 1], 8) == [(0, 2), (2, 4), (4, 5)]
-    with pytest.raises(StageInputError, match="record 1 alone needs 9 B on disk, more than stages.extract.disk_budget 8 B"):
+    with pytest.raises(StageInputError, match="record 1 alone needs 9 B on disk, more than the 8 B of stages.extract.disk_budget left"):
         chunked.cut([4, 9], 8)
 
 
@@ -91,32 +91,45 @@ def test_any_extract_and_train_command_runs_chunk_by_chunk_for_every_epoch_withi
         write_prep(root / "data" / name, rows)
     per_token = (len(TINY_LAYERS) + 1) * 64 * 4
     sizes = [chunked.record_size(len(r["input_ids"]), per_token) for rows in records.values() for r in rows]
-    budget = chunked.reserved(2) + sum(sizes) // 3 + max(sizes)  # three chunks
+    budget = chunked.reserved(1) + sum(sizes) // 3 + max(sizes)  # three chunks (a train command: nothing held out)
     standin = f"{{python}} {REPO / 'tests' / 'stages' / 'chunk_standin.py'}"
     log = tmp_path / "trained.jsonl"
-    env = chunked_env(root, target, budget, {**EXTRACT, "command": f"{standin} extract {per_token}"},
+    # Two passes over two epochs: every chunk extracted again for the second epoch (re-extraction).
+    env = chunked_env(root, target, budget, {**EXTRACT, "passes": 2, "command": f"{standin} extract {per_token}"},
                       {**TRAIN, "command": f"{standin} train {log}"}, list(records))
     out = Path(env["AERIE_OUTPUT"])
 
     with DiskWatch(out) as watch:
         first = launch({**env, "STANDIN_SLEEP": "0.3"})
-        wait_for_state(out, {"epoch": 1, "chunk": 1, "phase": "extract"}, first)
+        wait_for_state(out, {"pass": 1, "chunk": 1, "phase": "extract"}, first)
         os.killpg(first.pid, signal.SIGTERM)  # what `inv stop` sends the job's process group
         first.wait()
         second = launch(env)
         log_text, _ = second.communicate(timeout=120)
 
     assert second.returncode == 0, log_text
-    chunks = json.loads((out / "chunks.json").read_text())["chunks"]
+    plan = json.loads((out / "chunks.json").read_text())
+    chunks = plan["chunks"]
     trained = [json.loads(line) for line in log.read_text().splitlines()]
-    # 3 chunks x 2 epochs, each chunk trained once per epoch (the run stopped between two of them)
-    assert len(chunks) == 3 and [t["pass"] for t in trained] == [f"epoch {e}, chunk {k}" for e in (1, 2) for k in (1, 2, 3)]
+    # 3 chunks x 2 passes, each chunk trained once per pass (the run stopped between two of them),
+    # the second pass in another order
+    second = chunked.pass_order(3, 1)
+    assert len(chunks) == 3 and second != [0, 1, 2]
+    assert [t["pass"] for t in trained] == [f"pass 1, chunk {k}" for k in (1, 2, 3)] + [f"pass 2, chunk {k + 1}" for k in second]
     counts = [sum(t["inputs"].values()) for t in trained]
-    assert counts[:3] == counts[3:] and sum(counts[:3]) == 15
+    assert counts[:3] == plan["records"] and counts[3:] == [plan["records"][k] for k in second] and sum(counts[:3]) == 15
+    assert {t["epochs"] for t in trained} == {1}
+    # every chunk draws from both datasets' records: shuffled across datasets, not cut in prep's order
+    assert sorted((name, i) for c in chunks for name, rows in c.items() for i in rows) == \
+        sorted((name, i) for name, rows in records.items() for i in range(len(rows)))
     assert len({t["schedule_steps"] for t in trained}) == 1  # one schedule over the whole run
     assert 0 < watch.peak <= budget, f"peak {watch.peak} over budget {budget}"
     assert not list(out.glob("chunk-*"))
-    assert json.loads(Path(env["AERIE_PROGRESS"]).read_text())["metrics"] == {"epoch": 2, "chunk": 3, "chunks": 3}
+    progress = json.loads(Path(env["AERIE_PROGRESS"]).read_text())
+    assert progress["metrics"] == {"pass": 2, "chunk": 3, "chunks": 3, "step": progress["total"]}
+    manifest = json.loads((out / "manifest.json").read_text())
+    # a command is a process of its own: one load per chunk and pass (the run's own 6, and none twice)
+    assert manifest["passes"] == 2 and manifest["target_loads"] >= 6 and manifest["heldout_records"] == 0
 
 
 def wait_for_state(out: Path, state: dict, process: subprocess.Popen, timeout: float = 120) -> None:
@@ -147,7 +160,7 @@ def test_a_budget_smaller_than_the_states_trains_by_chunks_never_exceeds_it_and_
     with DiskWatch(out) as watch:
         first = launch(env)
         # Killed (SIGKILL, as the OOM killer or a reboot would) while training on the first chunk.
-        wait_for_state(out, {"epoch": 0, "chunk": 0, "phase": "train"}, first, timeout=600)
+        wait_for_state(out, {"pass": 0, "chunk": 0, "phase": "train"}, first, timeout=600)
         while not (root / "data" / "draft" / "train" / "resume" / "state.pt").exists():  # a step or more taken
             assert first.poll() is None
             time.sleep(0.02)
@@ -157,20 +170,32 @@ def test_a_budget_smaller_than_the_states_trains_by_chunks_never_exceeds_it_and_
         log, _ = second.communicate(timeout=600)
 
     assert second.returncode == 0, log
-    chunks = json.loads((out / "chunks.json").read_text())["chunks"]
-    assert len(chunks) == 2 and sum(p["end"] - p["start"] for c in chunks for p in c) == 12
+    plan = json.loads((out / "chunks.json").read_text())
+    chunks = plan["chunks"]
+    # the held-out record (the train stage's hashing rule, by its offline path) is kept out of every chunk
+    held = [(name, i) for name, rows in plan["heldout"].items() for i in rows]
+    assert len(held) == 1 and len(chunks) == 2 and sum(plan["records"]) == 11
+    assert held[0] not in [(name, i) for c in chunks for name, rows in c.items() for i in rows]
     assert 0 < watch.peak <= budget, f"peak {watch.peak} over budget {budget}"
-    assert not list(out.glob("chunk-*"))  # every chunk deleted
+    assert not list(out.glob("chunk-*"))  # every chunk deleted; the held-out states stay, for `inv eval`
     progress = json.loads(Path(env["AERIE_PROGRESS"]).read_text())
-    assert progress["records"] == 12 and progress["metrics"] == {"epoch": 1, "chunk": 2, "chunks": 2}
+    assert progress["records"] == 11
+    assert {k: progress["metrics"][k] for k in ("pass", "chunk", "chunks")} == {"pass": 1, "chunk": 2, "chunks": 2}
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["route"] == "chunked" and manifest["chunks"] == 2 and manifest["epochs"] == 1
+    assert manifest["target_loads"] == 2  # one per process: the killed run's and the second's, never one per chunk
     # One draft over every chunk and epoch: every step of the run is in its history, in order, none twice.
     train = root / "data" / "draft" / "train"
     history = json.loads((train / "history.json").read_text())
-    steps = sum(-(-sum(p["end"] - p["start"] for p in c) // 2) for c in chunks)
-    assert [h["step"] for h in history] == list(range(1, steps + 1))
+    assert [h["step"] for h in history] == list(range(1, sum(-(-n // 2) for n in plan["records"]) + 1))
     assert (train / "draft" / "config.json").is_file() and (train / "draft" / "model.safetensors").is_file()
+    # measured like the offline draft: after the epoch, on the held-out record kept on disk
+    listed = json.loads((train / "heldout.json").read_text())
+    assert len(listed) == 1 and Path(listed[0]).is_file() and Path(listed[0]).is_relative_to(out / "heldout")
+    trained = json.loads((train / "manifest.json").read_text())
+    assert trained["route"] == "chunked" and trained["accept_length"] >= 1.0 and len(trained["eval_accuracies"]) == 3
+    assert [e["epoch"] for e in trained["epoch_history"]] == [1] and (train / "training.png").is_file()
+    assert manifest["accept_length"] == trained["accept_length"] and progress["metrics"]["accept_length"] > 0
 
 
 @pytest.mark.e2e
@@ -197,30 +222,122 @@ def test_inv_run_takes_the_chunked_route_shows_chunk_k_of_n_and_resumes_after_in
     assert json.loads(bench.inv("plan", "--json").stdout)["route"] == "chunked"
     out = bench.root / "data" / "draft" / "chunked"
     seen: set[str] = set()
+    etas: list[float] = []
 
     def at(state: dict) -> bool:
         job = bench.poll().get("draft/chunked", {})
         if "chunk" in job.get("message", ""):
             seen.add(job["message"])
+        if job.get("state") == "running" and job.get("eta_s") is not None:
+            etas.append(job["eta_s"])
         return json.loads((out / "state.json").read_text() if (out / "state.json").exists() else "{}") == state
 
     with DiskWatch(out) as watch:
         bench.inv("run")
-        wait_for(lambda: at({"epoch": 0, "chunk": 1, "phase": "train"}), 240, "chunk 2's training")
+        wait_for(lambda: at({"pass": 0, "chunk": 1, "phase": "train"}), 240, "chunk 2's training")
         bench.inv("stop", "-d", "draft")
         bench.wait_state("pipeline/run", {"succeeded", "failed", "stopped"}, timeout=60)
         bench.inv("run")  # a fresh run: prep again (same records), then the chunked job goes on where it stopped
-        wait_for(lambda: at({"epoch": 2, "chunk": 0, "phase": "extract"}) or bench.poll()["pipeline/run"]["state"] != "running",
+        wait_for(lambda: at({"pass": -1}) or bench.poll()["pipeline/run"]["state"] != "running",
                  240, "the run to end")
         final = bench.wait_state("pipeline/run", {"succeeded", "failed"}, timeout=60)
 
     assert final["state"] == "succeeded", bench.inv("logs", "draft", "--stage", "chunked", check=False).stdout
     assert 0 < watch.peak <= budget
-    chunks = json.loads((out / "chunks.json").read_text())["chunks"]
-    assert any(f"chunk 2 of {len(chunks)}" in message for message in seen), seen
+    plan = json.loads((out / "chunks.json").read_text())
+    chunks = plan["chunks"]
+    assert any(f"pass 1/2, chunk 2 of {len(chunks)}" in message for message in seen), seen
+    assert etas and all(0 <= eta < 3600 for eta in etas), etas  # a finite time left once a chunk was done
     trained = [json.loads(line) for line in (tmp_path / "trained.jsonl").read_text().splitlines()]
-    # Every chunk trained once per epoch: the stop came during chunk 2's pass -- before its trainer
-    # ended, or after it and before the driver recorded it -- and the second run went on from there.
+    # A pass per epoch (the default): every chunk extracted and trained once per epoch, the second
+    # pass in another order. The stop came during chunk 2's training -- before its trainer ended,
+    # or after it and before the driver recorded it -- and the second run went on from there.
     assert len(chunks) >= 2
-    assert [t["pass"] for t in trained] == [f"epoch {e}, chunk {k}" for e in (1, 2) for k in range(1, len(chunks) + 1)]
-    assert [sum(t["inputs"].values()) for t in trained] == [c[0]["end"] - c[0]["start"] for c in chunks] * 2
+    second = chunked.pass_order(len(chunks), 1)
+    assert [t["pass"] for t in trained] == [f"pass 1, chunk {k + 1}" for k in range(len(chunks))] + \
+        [f"pass 2, chunk {k + 1}" for k in second]
+    assert [t["epochs"] for t in trained] == [1] * 2 * len(chunks)
+    assert [sum(t["inputs"].values()) for t in trained] == plan["records"] + [plan["records"][k] for k in second]
+
+
+def test_a_stage_s_own_estimate_is_its_time_left_counted_down_since_it_was_said() -> None:
+    from remote import eta
+    from remote.progress import Progress
+
+    progress = Progress()
+    progress.expect(100, by="step")
+    assert "eta_s" not in progress.snapshot()  # nothing measured yet: no estimate, not a guess
+    progress.estimate(120.0)
+    snapshot = progress.snapshot()
+    assert eta.job_eta(snapshot, "running") == pytest.approx(120.0, abs=1.0)
+    assert eta.job_eta({**snapshot, "eta_at": snapshot["eta_at"] - 30}, "running") == pytest.approx(90.0, abs=1.0)
+    assert eta.job_eta({**snapshot, "eta_at": snapshot["eta_at"] - 300}, "running") == 0.0  # late: never negative
+    assert eta.job_eta(snapshot, "succeeded") is None
+
+
+def test_epochs_spread_over_the_passes_and_each_pass_after_the_first_orders_the_chunks_anew() -> None:
+    assert chunked.epochs_per_pass(10, 1) == [10]
+    assert chunked.epochs_per_pass(10, 10) == [1] * 10
+    assert chunked.epochs_per_pass(10, 3) == [4, 3, 3]
+    assert chunked.pass_order(5, 0) == [0, 1, 2, 3, 4]
+    orders = [chunked.pass_order(5, p) for p in range(1, 4)]
+    assert all(sorted(o) == [0, 1, 2, 3, 4] for o in orders) and len({tuple(o) for o in orders}) > 1
+    assert chunked.pass_order(5, 2) == chunked.pass_order(5, 2)  # the same on a resumed run
+
+
+def test_a_pass_count_outside_one_to_the_epochs_is_one_line(tmp_path: Path) -> None:
+    from remote.progress import Progress
+    from remote.stages import StageContext
+
+    ctx = StageContext(root=tmp_path, release="r", dataset="draft", stage="chunked", source="", kind="native",
+                       output=tmp_path / "out", data=tmp_path, config={
+                           "prep_inputs": {"A1": str(tmp_path)}, "inventory": {},
+                           "stage": {"disk_budget": "1G", "extract": {"passes": 11}, "train": complete("train", {"epochs": 10})}})
+    with pytest.raises(StageInputError, match=r"stages.extract.passes 11: expected 1 to stages.train.epochs \(10\)"):
+        chunked.Chunked(ctx, Progress())
+
+
+def test_the_held_out_records_are_the_offline_route_s_and_keep_to_a_quarter_of_the_budget(tmp_path: Path) -> None:
+    from remote.eagle3 import heldout
+    from remote.progress import Progress
+    from remote.stages import StageContext
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 4, "vocab_size": 785}))
+    records = make_records(40, 785, seed=3)
+    write_prep(tmp_path / "data" / "A1", records)
+    per_token = (len(TINY_LAYERS) + 1) * 64 * 4
+    sizes = [chunked.record_size(len(r["input_ids"]), per_token) for r in records]
+
+    def plan(budget: int, fraction: float) -> dict:
+        ctx = StageContext(root=tmp_path, release="r", dataset="draft", stage="chunked", source="", kind="native",
+                           output=tmp_path / f"out-{budget}-{fraction}", data=tmp_path, config={
+                               "prep_inputs": {"A1": str(tmp_path / "data" / "A1" / "prep")},
+                               "inventory": {"target": {"model": str(target)}},
+                               "stage": {"disk_budget": budget, "extract": complete("extract", EXTRACT),
+                                         "train": complete("train", {**TRAIN, "eval_fraction": fraction})}})
+        ctx.output.mkdir()
+        return chunked.Chunked(ctx, Progress()).plan()
+
+    roomy = plan(sum(sizes), 0.1)
+    offline = [chunked.offline_path("A1", i, EXTRACT["shard_size"]) for i in range(40)]
+    expected = sorted(int(p.name[5:14]) for p in heldout.split(offline, None, 0.1)[1])
+    assert roomy["heldout"] == {"A1": expected} and expected
+    tight = plan(sum(sizes) // 3, 0.5)  # half the records asked for; a quarter of the budget holds fewer
+    held = tight["heldout"]["A1"]
+    assert 0 < len(held) < 20 and sum(sizes[i] for i in held) <= sum(sizes) // 3 * chunked.HELDOUT_SHARE
+    room = sum(sizes) // 3 - chunked.reserved(2) - sum(sizes[i] for i in held)
+    trained = [i for c in tight["chunks"] for i in c["A1"]]
+    assert sorted(trained + held) == list(range(40))  # every record trained on or held out, none twice
+    assert all(sum(sizes[i] for i in c["A1"]) <= room for c in tight["chunks"])
+
+
+def test_a_long_load_keeps_the_job_alive_and_its_error_reaches_the_caller() -> None:
+    from remote.eagle3.resident import while_beating
+
+    beats: list[float] = []
+    assert while_beating(lambda: time.sleep(0.25) or "model", lambda: beats.append(time.monotonic()), every=0.05) == "model"
+    assert len(beats) >= 3  # the job said it was alive while the target loaded
+    with pytest.raises(StageInputError, match="no weights"):
+        while_beating(lambda: (_ for _ in ()).throw(StageInputError("no weights")), lambda: None, every=0.01)

@@ -167,3 +167,65 @@ def test_the_online_route_trains_from_the_conversations_with_no_extract() -> Non
     assert nodes["draft/train"]["needs"] == ["A1/prep", "B5/tokenize"] and "inputs" not in config
     assert config["stage"]["layers"] == [2, 30, 58] and set(config["prep_inputs"]) == {"A1", "B5"}
     assert {n["key"] for n in pipeline_for("offline")} >= {"A1/extract", "B5/extract", "draft/train"}
+
+
+def test_each_route_s_cost_is_the_target_s_loads_and_forward_passes_and_the_time_is_unknown_until_measured(
+    tmp_path: Path
+) -> None:
+    model = kimi_config(tmp_path / "kimi")
+    prep_manifest(tmp_path, "A1", 40_000, 120_000_000)
+    prep_manifest(tmp_path, "B5", 48_000, 144_000_000)
+    base = request(tmp_path, model, [{"dataset": "A1"}, {"dataset": "B5"}], disk_budget="2T", epochs=10, passes=1)
+
+    costs = planning.plan(base)["costs"]
+
+    assert planning.plan(base)["route"] == "chunked"
+    assert costs["offline"] == {"target_loads": 2, "passes": 1, "forward_tokens": 264_000_000,
+                                "trained_tokens": 2_640_000_000, "hours": None}
+    assert costs["chunked"] == {**costs["offline"], "target_loads": 1}  # loaded once, each record read once
+    assert costs["online"]["forward_tokens"] == 2_640_000_000  # the served target reads every record every epoch
+    # re-extracting every epoch, through an extract command that loads the target itself each time
+    again = planning.plan({**base, "passes": 10, "resident": False})["costs"]["chunked"]
+    chunks = planning.plan(base)["chunks"]
+    assert again["forward_tokens"] == 2_640_000_000 and again["target_loads"] == chunks * 10
+
+
+def test_the_time_of_each_route_comes_from_the_throughput_a_previous_run_measured(tmp_path: Path) -> None:
+    model = kimi_config(tmp_path / "kimi")
+    prep_manifest(tmp_path, "A1", 40_000, 120_000_000)
+    chunked = tmp_path / "data" / "draft" / "chunked"
+    chunked.mkdir(parents=True)
+    # a run that read 1M tokens through the target in 100 s and trained on 4M tokens in 400 s
+    (chunked / "manifest.json").write_text(json.dumps({"extracted_tokens": 1_000_000, "extract_seconds": 100.0,
+                                                       "trained_tokens": 4_000_000, "train_seconds": 400.0}))
+
+    result = planning.plan(request(tmp_path, model, [{"dataset": "A1"}], disk_budget="2T", epochs=2, passes=1))
+
+    assert result["throughput"]["from"] == "draft/chunked"
+    seconds = 120_000_000 / 10_000 + 240_000_000 / 10_000  # forward 1 pass, train 2 epochs, 10k tok/s each
+    assert result["costs"]["chunked"]["hours"] == round(seconds / 3600, 2)
+    assert result["costs"]["online"]["hours"] == round((240_000_000 / 10_000 + 240_000_000 / 10_000) / 3600, 2)
+
+
+def test_inv_plan_s_table_says_unknown_where_no_run_measured_the_time_and_hours_where_one_did(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from local.plan import costs_table
+
+    model = kimi_config(tmp_path / "kimi")
+    prep_manifest(tmp_path, "A1", 40_000, 120_000_000)
+    result = planning.plan(request(tmp_path, model, [{"dataset": "A1"}], disk_budget="2T", epochs=2))
+
+    def shown(result: dict) -> str:
+        out = io.StringIO()
+        Console(file=out, width=160).print(costs_table(result))
+        return " ".join(out.getvalue().split())
+
+    text = shown(result)
+    assert "time unknown: no run on this host measured the throughput yet" in text
+    assert "chunked (fits)" in text and text.count("unknown") == 4 and "120,000,000" in text
+    measured = {**result, "throughput": {"extract_tokens_per_s": 10_000.0, "train_tokens_per_s": 10_000.0, "from": "draft/chunked"},
+                "costs": {route: {**cost, "hours": 10.0} for route, cost in result["costs"].items()}}
+    assert "10.00 h" in shown(measured) and "measured by draft/chunked" in shown(measured)

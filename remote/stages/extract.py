@@ -88,7 +88,9 @@ def plan(ctx: StageContext) -> ExtractPlan:
     )
 
 
-def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+def run(ctx: StageContext, progress: Progress, model: Any = None) -> dict[str, Any]:
+    """Extract every record of the prep input; `model` is a target already loaded (`load`), kept
+    by the chunked route for all its chunks; None loads it here."""
     checked = plan(ctx)
     store = ShardStore(ctx.output)
     ctx.output.mkdir(parents=True, exist_ok=True)
@@ -99,8 +101,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     if torn:
         progress.note(f"redoing torn shard(s) {', '.join(torn)}")
     device = best_device()
-    progress.note(f"loading {checked.shape.path.name} on {device}")
-    model = load_target(checked.shape.path, checked.dtype, checked.trust_remote_code, device)
+    if model is None:
+        model = load(checked, device, progress)
     progress.note(f"extracting layers {checked.layers}: the inputs of decoder layers {checked.inputs} "
                   f"(width {checked.width})")
     if isinstance(checked.prep.get("kept"), int):
@@ -133,6 +135,12 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     write_json_atomic(ctx.output / "manifest.json", manifest)
     progress.note(f"{manifest['records']} records in {counts['shards']} shard(s), {counts['resumed']} resumed")
     return manifest
+
+
+def load(checked: ExtractPlan, device: str, progress: Progress) -> Any:
+    """The target `checked` names, loaded on `device` (for Kimi-K2.5, ~600 GB of weights read)."""
+    progress.note(f"loading {checked.shape.path.name} on {device}")
+    return load_target(checked.shape.path, checked.dtype, checked.trust_remote_code, device)
 
 
 def _layers(value: Any) -> list[int]:

@@ -18,7 +18,7 @@ Settings (``stages.train``):
   also written at the end of every epoch).
 - ``schedule_steps`` (not a user setting: `remote.chunked` sets it): the
   learning-rate schedule's length when this run is one chunk of a longer one.
-- ``chunk_pass`` (not a user setting either): which epoch and chunk this run
+- ``chunk_pass`` (not a user setting either): which pass and chunk this run
   is; part of the resume fingerprint, so a pass run again after it finished
   trains nothing, and the next pass over the same chunk is new data.
 

@@ -40,7 +40,7 @@ def train(ctx: StageContext, log: Path, progress: Progress) -> None:
     seen = {str(d): len(list((Path(d) / "shard-00000").glob("*.ckpt"))) for d in ctx.config["inputs"]}
     if name not in done:
         with log.open("a") as handle:
-            handle.write(json.dumps({"pass": name, "inputs": seen,
+            handle.write(json.dumps({"pass": name, "inputs": seen, "epochs": ctx.stage_config["epochs"],
                                      "schedule_steps": ctx.stage_config.get("schedule_steps")}) + "\n")
     (ctx.output / "draft").mkdir(parents=True, exist_ok=True)
     progress.written(sum(seen.values()))

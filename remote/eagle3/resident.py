@@ -1,0 +1,259 @@
+"""The chunked route's built-in stages, kept in its own process for the whole run.
+
+`Extractor` loads the target once and extracts chunk after chunk with it (the
+extract stage's own code, `remote.stages.extract.run`, given the loaded model):
+for Kimi-K2.5 a load reads ~600 GB of weights onto 8 GPUs, which the route
+used to pay for every chunk of every epoch. `Trainer` keeps the draft, its
+optimizer and schedule, the target's embeddings and lm_head, and the held-out
+measurement (`remote.eagle3.heldout`) between chunks, and checkpoints through
+`remote.eagle3.resume` as the train stage does, so a kill at any moment goes on
+from the last checkpoint.
+
+Both report into a `Relay`: the chunked job counts records and steps itself,
+so a sub-step's counters only say the job is alive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from remote.progress import Progress, read_json, write_json_atomic
+from remote.stages import StageContext
+
+#: Where the held-out figures of the epochs measured so far are kept (in the chunked job's output).
+EVALUATIONS = "evaluations.json"
+
+
+class Relay:
+    """A stage's progress calls, turned into heartbeats of the job that runs the stage in-process."""
+
+    def __init__(self, progress: Progress, skips: bool = False) -> None:
+        self.progress, self.skips = progress, skips
+
+    def written(self, n: int = 1) -> None:
+        self.progress.beat()
+
+    def skipped(self, reason: str, n: int = 1) -> None:
+        if self.skips:  # a record skipped counts once in the run, not once per pass
+            self.progress.skipped(reason, n)
+        self.progress.beat()
+
+    def metrics(self, **values: float) -> None:
+        self.progress.beat()
+
+    def note(self, message: str) -> None:
+        print(message, flush=True)
+
+    def expect(self, total: int, by: str | None = None) -> None:
+        pass
+
+    def resumed(self) -> None:
+        pass
+
+    def beat(self) -> None:
+        self.progress.beat()
+
+
+def while_beating(work: Callable[[], Any], beat: Callable[[], None], every: float = 1.0) -> Any:
+    """`work()`'s result, run in a thread while this one says the job is alive: loading Kimi-K2.5
+    takes many minutes, longer than a job may go without progress before it shows `stalled`."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # handed to the caller, as if it had run here
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(every)
+        beat()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def sub_context(ctx: StageContext, stage: str, settings: dict[str, Any], output: Path, inputs: list[Path]) -> StageContext:
+    """The context a stage would get from the supervisor, for a step of the chunked job."""
+    config = {"dataset": {}, "stage": settings, "inventory": ctx.shared_config, "inputs": [str(p) for p in inputs]}
+    return dataclasses.replace(ctx, stage=stage, output=output, data=output.parent, config=config)
+
+
+class Extractor:
+    """The target, loaded on the first chunk and kept for every later one."""
+
+    def __init__(self, ctx: StageContext, settings: dict[str, Any]) -> None:
+        self.ctx, self.settings = ctx, settings
+        self.model: Any = None
+        self.loads = 0
+
+    def run(self, prep: Path, output: Path, relay: Relay) -> None:
+        from remote.eagle3.target import best_device
+        from remote.stages import extract
+
+        stage = sub_context(self.ctx, "extract", self.settings, output, [prep])
+        if self.model is None:
+            checked = extract.plan(stage)
+            self.model = while_beating(lambda: extract.load(checked, best_device(), relay), relay.beat)
+            self.loads += 1
+        output.mkdir(parents=True, exist_ok=True)
+        extract.run(stage, relay, model=self.model)  # type: ignore[arg-type]
+
+
+class Trainer:
+    """One draft trained over every chunk: built on the first, kept (with its optimizer) for the rest."""
+
+    def __init__(self, ctx: StageContext, settings: dict[str, Any], output: Path, heldout: list[Path],
+                 schedule_steps: int, evaluations: Path, progress: Progress, trained: dict[str, Any]) -> None:
+        self.ctx, self.settings, self.output, self.heldout = ctx, settings, output, heldout
+        self.trained = trained  # {"preps": {dataset: prep dir}, "heldout": {dataset: indices}}: what the vocabulary counts
+        self.schedule_steps, self.evaluations, self.progress = schedule_steps, evaluations, progress
+        self.relay = Relay(progress)
+        self.draft: Any = None
+        self.state: Any = None  # where the last pass of this process left the optimizer and schedule
+        self.history: list[dict[str, Any]] = read_json(output / "history.json", [])
+        self.extracted: dict[str, Any] = {}
+
+    @property
+    def step(self) -> int:
+        return self.state.step if self.state is not None else 0
+
+    def build(self, inputs: list[Path]) -> None:
+        """The draft as `remote.stages.train` builds it; its vocabulary from every record the run trains on."""
+        import torch
+
+        from remote.eagle3 import heldout, plot
+        from remote.eagle3.model import Eagle3Draft
+        from remote.eagle3.shards import load_sample
+        from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
+        from remote.eagle3.vocab import build_mapping
+        from remote.stages import train
+
+        self.extracted = train.read_extract_manifests(inputs)
+        shape = read_shape(target_settings(self.ctx.shared_config)[0])
+        stage = sub_context(self.ctx, "train", self.settings, self.output, inputs)
+        config = train.draft_for(stage, self.extracted, shape.vocab_size, read_config(shape.path))
+        counts = trained_token_counts(self.trained["preps"], self.trained["heldout"], shape.vocab_size, self.progress.beat)
+        d2t, t2d = build_mapping(counts, config["draft_vocab_size"])
+        self.device = torch.device(best_device())
+        embed, head = read_embed_and_head(shape)
+        torch.manual_seed(0)  # the same first draft as the train stage's
+        draft = Eagle3Draft(config)
+        with torch.no_grad():
+            draft.embed_tokens.weight.copy_(embed.float())
+            draft.d2t.copy_(d2t)
+            draft.t2d.copy_(t2d)
+            draft.lm_head.weight.copy_(head.float()[t2d])
+        self.draft, self.head = draft, head.to(self.device)
+        self.output.mkdir(parents=True, exist_ok=True)
+        self.evaluation = heldout.EpochEvaluation(
+            self.heldout, load_sample, int(self.settings["eval_steps"]), int(self.settings["max_length"]),
+            self.output / plot.PLOT_NAME, self.progress)
+        self.evaluation.epochs = [heldout.EpochRecord(**e) for e in read_json(self.evaluations, [])]
+
+    def run(self, inputs: list[Path], epochs: int, name: str, seed: int) -> None:
+        """`epochs` epochs over the states in `inputs`, shuffled by `seed`; `name` is the pass, for resuming."""
+        from remote.eagle3 import checkpoint
+        from remote.eagle3.shards import ShardStore, load_sample
+        from remote.eagle3.trainer import train
+
+        files = [f for d in inputs for f in ShardStore(d).sample_files()]
+        if not files:
+            return  # every record of the chunk was skipped by extract (its reasons are counted)
+        if self.draft is None:
+            self.build(inputs)
+        settings = {**self.settings, "epochs": epochs, "schedule_steps": self.schedule_steps, "chunk_pass": name}
+        state = self.resume_state(inputs, files, settings)
+        self.draft.to(self.device)
+        history = [h for h in self.history if h["step"] <= state.step]
+        self.history = history
+
+        def on_step(step: int, loss: float, accuracies: list[float], records: int) -> None:
+            values = {f"acc_{k}": round(a, 4) for k, a in enumerate(accuracies)}
+            self.progress.metrics(step=step, loss=round(loss, 5), **values)
+            history.append({"step": step, "loss": loss, **values})
+            self.evaluation.on_step(loss)
+
+        def on_checkpoint(reached: Any) -> None:
+            from remote.eagle3 import resume
+
+            write_json_atomic(self.output / "history.json", history)  # first: a resumed run never lacks its steps
+            resume.save(self.output / "resume", self.draft, reached)
+
+        self.state = train(
+            self.draft, self.head, files, load_sample, epochs=epochs, batch_size=int(settings["batch_size"]),
+            learning_rate=float(settings["learning_rate"]), steps=int(settings["ttt_steps"]),
+            max_length=int(settings["max_length"]), on_step=on_step, on_epoch=lambda epoch: None, seed=seed,
+            state=state, on_checkpoint=on_checkpoint, checkpoint_every=int(settings["checkpoint_every"]),
+            schedule_steps=self.schedule_steps)
+        checkpoint.save(self.draft, self.output / "draft", {"pass": name, "release": self.ctx.release})
+
+    def resume_state(self, inputs: list[Path], files: list[Path], settings: dict[str, Any]) -> Any:
+        """The checkpoint on disk for the first pass of this process; after that, the optimizer as the last pass left it."""
+        from remote.eagle3 import resume
+        from remote.stages import train
+
+        if self.state is None:
+            stage = sub_context(self.ctx, "train", settings, self.output, inputs)
+            return train._resume_state(stage, self.draft, files, settings, self.relay)
+        fields = {k: settings.get(k) for k in ("batch_size", "epochs", "max_length", "ttt_steps", "chunk_pass")}
+        return resume.TrainState(step=self.state.step, optimizer=self.state.optimizer, schedule=self.state.schedule,
+                                 data=resume.fingerprint(files, fields))
+
+    def measure(self, epoch: int) -> dict[str, Any]:
+        """The held-out figures after `epoch` epochs' worth of steps, kept (for a resumed run) and drawn."""
+        record = self.evaluation.on_epoch(epoch, self.draft, self.head)
+        write_json_atomic(self.evaluations, [dataclasses.asdict(e) for e in self.evaluation.epochs])
+        self.evaluation.draw()
+        return record.as_dict()
+
+    def manifest(self, epochs: int, records: int, seconds: float) -> dict[str, Any]:
+        """The train manifest, as the train stage writes it (with `route: chunked`)."""
+        if self.draft is None:  # a rerun of a run that had ended: its manifest stands
+            return read_json(self.output / "manifest.json", {})
+        write_json_atomic(self.output / "history.json", self.history)
+        manifest = {
+            "release": self.ctx.release, "engine": "aerie", "route": "chunked", "draft": str(self.output / "draft"),
+            "records": records, "epochs": epochs, "steps": len(self.history),
+            "first_loss": self.history[0]["loss"] if self.history else None,
+            "last_loss": self.history[-1]["loss"] if self.history else None,
+            "draft_vocab_size": self.draft.config["draft_vocab_size"],
+            "layers": self.extracted.get("layers"), "seconds": round(seconds, 3),
+            **self.evaluation.manifest(),
+        }
+        write_json_atomic(self.output / "manifest.json", manifest)
+        return manifest
+
+
+
+def trained_token_counts(preps: dict[str, Path], heldout: dict[str, list[int]], vocab_size: int,
+                         beat: Callable[[], None] = lambda: None) -> Any:
+    """How often each token is trained on (`remote.eagle3.vocab.token_counts`) over every record the run
+    trains on, read from prep's ids and masks, not from states: the draft's vocabulary is the one the
+    offline route would pick, not the first chunk's (which may lack the tokens of a whole dataset)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    import torch
+
+    from remote.eagle3.prep_input import shard_files
+
+    counts, everything = np.zeros(vocab_size, np.int64), np.zeros(vocab_size, np.int64)
+    for name, prep in preps.items():
+        skip, seen = set(heldout.get(name, [])), 0
+        for file in shard_files(prep):
+            beat()
+            table = pq.read_table(file, columns=["input_ids", "loss_mask"])
+            table, seen = table.take(pa.array([i for i in range(table.num_rows) if seen + i not in skip], pa.int64())), seen + table.num_rows
+            ids = pc.list_flatten(table["input_ids"]).to_numpy(zero_copy_only=False).astype(np.int64)
+            mask = pc.list_flatten(table["loss_mask"]).to_numpy(zero_copy_only=False).astype(bool)
+            ids, mask = ids[ids < vocab_size], mask[ids < vocab_size]
+            counts += np.bincount(ids[mask], minlength=vocab_size)
+            everything += np.bincount(ids, minlength=vocab_size)
+    return torch.from_numpy(counts if counts.sum() else everything)
