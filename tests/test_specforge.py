@@ -125,8 +125,12 @@ def test_the_real_specforge_trains_offline_checkpoints_every_n_steps_exports_for
     assert manifest["specforge"] == "current" and manifest["checkpoint"].endswith(f"{run_id}-step10")
     assert_sglang_draft(out, tiny_target)
 
+    other = out / "specforge" / "aerie-eagle3-0123456789-step3"  # an earlier run's, beside it
+    other.mkdir()
+    (other / "training_state.pt").write_bytes(b"")
+    (out / "specforge" / "aerie-eagle3-0123456789-latest").symlink_to(other.name)
     again, _ = run_train(bf16_extracted["root"], tiny_target, "sf-real", settings, **inputs)  # SpecForge's resume check passes
-    assert json.loads((out / "run.yaml").read_text())["training"]["resume_from"] == str(out / "specforge")
+    assert json.loads((out / "run.yaml").read_text())["training"]["resume_from"] == manifest["checkpoint"]
     assert again["run_id"] == run_id and again["checkpoint"] == manifest["checkpoint"]
     assert_sglang_draft(out, tiny_target)
 
@@ -147,7 +151,7 @@ def test_a_run_whose_settings_changed_starts_afresh_under_its_own_name_and_says_
     assert notes.lines[0] == (f"settings changed since SpecForge run {first['run_id']} (num_epochs 1 -> 2): training afresh "
                               f"as {changed['run_id']}; the earlier run's checkpoints stay in {out / 'specforge'}")
     assert "resume_from" not in calls(host)[2]["config"]["training"]
-    assert back["run_id"] == first["run_id"] and calls(host)[4]["config"]["training"]["resume_from"] == str(out / "specforge")
+    assert back["run_id"] == first["run_id"] and calls(host)[4]["config"]["training"]["resume_from"] == first["checkpoint"]
 
 
 def extracted_manifest(dirs: list[Path]) -> dict:

@@ -189,8 +189,10 @@ def run_config(run: SpecForgeRun) -> dict[str, Any]:
         # NOTE: the newest two: a checkpoint torn by a kill still leaves one to resume from.
         "max_checkpoints": 2,
     }
-    if latest_checkpoint("current", run) is not None:
-        training["resume_from"] = str(run.runs)  # its `<run_id>-latest` link names the step
+    latest = latest_checkpoint("current", run)
+    if latest is not None:
+        # NOTE: the checkpoint itself: given the root, SpecForge refuses one holding several runs' links.
+        training["resume_from"] = str(latest)
     trainer = {"nnodes": 1, "nproc_per_node": run.nproc}
     if run.is_online:
         disaggregated = {"control_dir": str(run.control_dir), "backend": "mooncake", "server_urls": list(run.server_urls),

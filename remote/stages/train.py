@@ -301,7 +301,7 @@ def _specforge_job(ctx: StageContext, extracted: dict[str, Any] | None, generati
     layers = list(extracted["layers"]) if extracted else list(settings.get("layers") or [])
     if not layers:
         raise StageInputError("engine specforge online: no layers to capture (stages.extract.layers)")
-    if extracted and generation == "current" and extracted.get("dtype", "bfloat16") != "bfloat16":
+    if extracted and generation == "current" and extracted.get("dtype") not in (None, "bfloat16"):
         raise StageInputError(f"engine specforge trains on bfloat16 states (its target head is bfloat16) but extract stored "
                               f"{extracted['dtype']}: set stages.extract.dtype: bfloat16 and rerun extract")
     draft_path = drafts.draft_config_path(settings, ctx.shared_config)
