@@ -138,6 +138,17 @@ class Extract(Stage):
                                "(re-extracted every epoch); 1: each record read once (docs/chunked.md)")
 
 
+class Mooncake(Strict):
+    """SpecForge's Mooncake endpoints on the online route (its ``deployment.disaggregated.mooncake_*``):
+    the capture servers put the target's states there and the trainer reads them."""
+
+    metadata_server: str = Field(description="Mooncake's metadata server, e.g. http://10.0.0.1:8080/metadata")
+    master_server_addr: str = Field(description="Mooncake's master, host:port, e.g. 10.0.0.1:50051")
+    local_hostname: str | None = Field(None, description="this host's address as Mooncake's peers reach it")
+    protocol: Literal["tcp", "rdma"] | None = None
+    rdma_devices: str | None = None
+
+
 class Train(Stage):
     engine: Literal["aerie", "specforge"] = "aerie"
     draft_vocab_size: int = Field(32000, ge=1)
@@ -149,14 +160,36 @@ class Train(Stage):
     draft_config: str | None = None
     specforge_dir: str | None = None
     specforge_train_data: str | None = None
-    chat_template: str = "kimi_k2"
+    chat_template: str = Field("kimi_k2", description="legacy SpecForge only (train_eagle3.py renders conversations); "
+                               "SpecForge 0.2.0 gets prep's tokens or states, never a template")
     nproc: int = Field(1, ge=1)
     eval_records: int | None = Field(None, ge=0, description="records held out of training (0: none); default: eval_fraction")
     eval_fraction: float = Field(0.05, ge=0, lt=1, description="share of records held out when eval_records is unset")
     eval_steps: int = Field(3, ge=1, description="draft steps of the held-out acceptance length (top-k 1)")
     checkpoint_every: int = Field(200, ge=1, description="optimizer steps between resume checkpoints")
-    specforge_server_urls: list[str] = Field(default_factory=list, description="online SpecForge: the SGLang capture servers")
+    specforge_server_urls: list[str] = Field(default_factory=list, description="online SpecForge: the SGLang capture "
+                                             "servers' URLs (required on the online route)")
+    specforge_mooncake: Mooncake | None = Field(None, description="online SpecForge: the Mooncake endpoints (required on the online route)")
     specforge_deployment: dict[str, Any] = Field(default_factory=dict, description="merged into SpecForge's `deployment:`")
+
+    def specforge_refusal(self, extract: Extract, route: str) -> str | None:
+        """What SpecForge 0.2.0 would refuse in these settings, in one line naming each setting; None when
+        it would not (or the engine is aerie's). Checked before anything starts, at load and by `inv run`."""
+        if self.engine != "specforge":
+            return None
+        problems = []
+        if len(extract.layers) != 3 or len(set(extract.layers)) != 3:
+            problems.append(f"stages.extract.layers: SpecForge trains on exactly three distinct layers, not {extract.layers}")
+        if route != "online" and extract.dtype != "bfloat16":
+            problems.append(f"stages.extract.dtype: SpecForge trains on bfloat16 states (its target head is bfloat16), "
+                            f"not {extract.dtype}")
+        if route == "online":
+            missing = [] if self.specforge_server_urls else ["stages.train.specforge_server_urls (the SGLang capture servers' URLs)"]
+            if self.specforge_mooncake is None:
+                missing.append("stages.train.specforge_mooncake: {metadata_server, master_server_addr} (the Mooncake endpoints)")
+            if missing:
+                problems.append("engine specforge on the online route needs " + " and ".join(missing))
+        return "; ".join(problems) or None
 
 
 class GridPoint(Strict):
@@ -267,6 +300,9 @@ class Inventory(Strict):
         for name, dataset in self.datasets.items():
             if dataset.host is not None and dataset.host not in self.hosts:
                 raise ValueError(f"datasets.{name}.host {dataset.host!r} is not one of hosts: {', '.join(self.hosts) or '(none)'}")
+        refusal = self.stages.train.specforge_refusal(self.stages.extract, self.stages.extract.route)
+        if refusal:
+            raise ValueError(refusal)
         return self
 
     @property

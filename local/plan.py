@@ -119,7 +119,12 @@ def resolve(host: RemoteHost) -> str | None:
     from local import routes
 
     result = require(host)
-    if host.inventory.stages.extract.route == "auto" and result["route"]:
+    stages = host.inventory.stages
+    if stages.extract.route == "auto" and result["route"]:
+        # NOTE: the inventory checked SpecForge's settings for the route it names; auto's is known only now.
+        refusal = stages.train.specforge_refusal(stages.extract, result["route"])
+        if refusal:
+            raise AerieError(f"{host.name}: route {result['route']} (auto): {refusal}")
         routes.RESOLVED[host.root] = result["route"]
     return result["route"]
 

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 
 from remote.eagle3.target import LANGUAGE_PREFIX
+from remote.tiny_model import write_index
 
 ARCHITECTURE = "KimiK25ForConditionalGeneration"
 
@@ -61,7 +62,7 @@ def text_config(vocab_size: int, hidden_size: int, layers: int) -> dict:
 
 
 def build_kimi_model(path: str | Path, vocab_size: int, hidden_size: int = 64, layers: int = 4, seed: int = 0) -> Path:
-    """Save a seeded random Kimi-K2.5-shaped model (config.json + model.safetensors) into `path`."""
+    """Save a seeded random Kimi-K2.5-shaped model (config.json, model.safetensors and its index) into `path`."""
     import torch
     from safetensors.torch import save_file
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
@@ -76,6 +77,7 @@ def build_kimi_model(path: str | Path, vocab_size: int, hidden_size: int = 64, l
     state["mm_projector.proj.0.weight"] = torch.randn(hidden_size, 16)
     path.mkdir(parents=True, exist_ok=True)
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    write_index(path)
     config = {
         "architectures": [ARCHITECTURE],
         "model_type": "kimi_k25",

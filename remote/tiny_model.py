@@ -103,7 +103,20 @@ def build_model(
         wire_recital(model, list(recite), init_std)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
+    write_index(path)
     return path
+
+
+def write_index(path: Path, file: str = "model.safetensors") -> Path:
+    """`model.safetensors.index.json` beside a single-file checkpoint, as a sharded one has (the real
+    Kimi-K2.5's included): SpecForge 0.2.0's `TargetHead.load_weights` finds the lm_head only through it."""
+    from safetensors import safe_open
+
+    with safe_open(str(path / file), framework="pt") as handle:
+        names = sorted(handle.keys())
+    index = path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {name: file for name in names}}, indent=2))
+    return index
 
 
 def successor(recite: Sequence[int], vocab_size: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""The pinned real SGLang (pyproject's ``sglang-check`` group), imported on a CPU-only machine.
+"""The pinned real SGLang (pyproject's ``[tool.aerie] no-deps`` list), imported on a CPU-only machine.
 
 SGLang's modules import Triton and torchvision at module level. Neither can run
 here: Triton is a GPU compiler, and PyPI's torchvision is built against CUDA

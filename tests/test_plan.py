@@ -142,7 +142,10 @@ def pipeline_for(route: str, engine: str = "aerie") -> list[dict]:
 
     inventory = Inventory.model_validate({
         "backend": "local", "host": {"root": "/r"},
-        "stages": {"extract": {"route": route, "disk_budget": "1T", "layers": [2, 30, 58]}, "train": {"engine": engine}},
+        "stages": {"extract": {"route": route, "disk_budget": "1T", "layers": [2, 30, 58]}, "train": {"engine": engine, **(
+            {"specforge_server_urls": ["http://c:30000"], "specforge_mooncake": {"metadata_server": "http://m:8080/metadata",
+                                                                               "master_server_addr": "m:50051"}}
+            if engine == "specforge" else {})}},
         "datasets": {"A1": {"source": "a", "kind": "native"}, "B5": {"source": "b", "kind": "prompts"}},
     })
     return pipeline.plan(inventory, None)

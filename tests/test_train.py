@@ -170,10 +170,22 @@ def test_the_draft_vocabulary_keeps_the_most_frequent_tokens_in_id_order() -> No
 def test_train_refuses_states_narrower_than_the_draft_expects(tmp_path: Path, tiny_target: Path) -> None:
     extract_dir = tmp_path / "data" / "A1" / "extract"
     extract_dir.mkdir(parents=True)
-    (extract_dir / "manifest.json").write_text(json.dumps({"release": "r", "layers": [2], "hidden_size": 64, "width": 64}))
+    (extract_dir / "manifest.json").write_text(json.dumps({"release": "r", "layers": [2], "hidden_states": [3], "hidden_size": 64, "width": 64}))
     env = stage_env(tmp_path, "train", {}, {"target": {"model": str(tiny_target)}})
 
     with pytest.raises(StageInputError, match=r"states are 64 wide .* expects 192"):
+        train_stage.run(context(env), Progress())
+
+
+def test_train_refuses_states_kept_under_the_old_meaning_of_the_layer_ids(tmp_path: Path, tiny_target: Path) -> None:
+    # An extract manifest without `hidden_states` predates SGLang's per-architecture rule: on a
+    # Kimi target its states are one layer off from what the server feeds the draft.
+    extract_dir = tmp_path / "data" / "A1" / "extract"
+    extract_dir.mkdir(parents=True)
+    (extract_dir / "manifest.json").write_text(json.dumps({"release": "r", "layers": [0, 1, 2], "hidden_size": 64, "width": 192}))
+    env = stage_env(tmp_path, "train", {}, {"target": {"model": str(tiny_target)}})
+
+    with pytest.raises(StageInputError, match=r"lacks hidden_states: it comes from an older aerie; rerun extract"):
         train_stage.run(context(env), Progress())
 
 

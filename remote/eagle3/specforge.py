@@ -3,16 +3,25 @@
 SpecForge is not a dependency of aerie; the host has it installed. Two
 generations exist, and the one on the host is detected:
 
-- **current** (SpecForge's main since July 2026): one typed config and one CLI,
-  ``specforge train --config run.yaml`` (the ``specforge`` console script, or
-  ``python -m specforge.cli`` from a checkout in ``stages.train.specforge_dir``).
-  Offline, ``data.hidden_states_path`` is extract's output (SpecForge's offline
-  ``.ckpt`` layout already); online, ``data.train_data_path`` is prep's
-  conversations and the target runs in SGLang (``model.target_backend:
-  sglang``, ``deployment.mode: disaggregated`` with the capture server's URL).
-  Checkpoints are ``<out>/<run_id>-step<N>/training_state.pt`` with a
-  ``<run_id>-latest`` link; ``specforge export --to sglang`` turns the latest
+- **current** (SpecForge 0.2.0, the version the tests run for real): one typed
+  config and one CLI, ``specforge train --config run.yaml`` (the ``specforge``
+  console script, or ``python -m specforge.cli`` from a checkout in
+  ``stages.train.specforge_dir``). Offline, ``data.hidden_states_path`` is
+  extract's output (SpecForge's offline ``.ckpt`` layout already; bfloat16, since
+  SpecForge's target head is). Online, ``data.prompts_path`` is prep's exact tokens
+  as JSONL (``input_ids`` + ``loss_mask``: no chat template re-renders them), the
+  vocabulary map is built here from them (``model.vocab_mapping_path``: a
+  disaggregated run cannot derive one), and the target runs in SGLang capture
+  servers (``deployment.mode: disaggregated``, ``backend: mooncake``, the servers'
+  URLs and the Mooncake endpoints from the inventory, ``control_dir`` under the
+  job's output). Checkpoints are ``<out>/<run_id>-step<N>/`` with a
+  ``<run_id>-latest`` link, every ``stages.train.checkpoint_every`` steps
+  (``training.save_interval``); ``specforge export --to sglang`` turns the latest
   into a draft directory SGLang loads; ``training.resume_from`` resumes.
+  The run is named for its settings (``<RUN_ID>-<hash>``): SpecForge refuses to
+  resume a checkpoint written with other settings ("written with num_epochs=1 but
+  this run has num_epochs=2"), so a changed setting starts a run of its own, and
+  the job's log says which setting changed.
 - **legacy** (older checkouts): ``torchrun ... <specforge_dir>/scripts/train_eagle3.py``
   with flags, offline with ``--train-hidden-states-path``, online without it;
   ``--resume``; checkpoints ``<out>/epoch_<E>_step_<S>/`` are already SGLang's layout.
@@ -24,6 +33,7 @@ Either way train's output is ``<output>/draft/``, a draft SGLang loads, whose
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -65,6 +75,11 @@ class SpecForgeRun:
     trust_remote_code: bool = False
     server_urls: list[str] = field(default_factory=list)
     deployment: dict[str, Any] = field(default_factory=dict)
+    save_interval: int = 0  # optimizer steps between checkpoints (0: only at the end)
+    prompts: Path | None = None  # online: prep's tokens as SpecForge's pre-tokenized JSONL
+    vocab_mapping: Path | None = None  # online: {"d2t", "t2d"} built from those tokens
+    mooncake: dict[str, Any] = field(default_factory=dict)  # online: SpecForge's mooncake_* endpoints
+    data_identity: str = ""  # what the data is (records, paths or a hash): part of the run's name
 
     @property
     def is_online(self) -> bool:
@@ -74,6 +89,28 @@ class SpecForgeRun:
     def runs(self) -> Path:
         """Where SpecForge writes its checkpoints (train's own output keeps `draft/` for the export)."""
         return self.output / "specforge"
+
+    @property
+    def run_id(self) -> str:
+        """`RUN_ID-<hash of identity()>`: one name per set of settings SpecForge can resume."""
+        digest = hashlib.sha256(json.dumps(identity(self), sort_keys=True).encode()).hexdigest()
+        return f"{RUN_ID}-{digest[:10]}"
+
+    @property
+    def control_dir(self) -> Path:
+        """The online run's control directory (refs, inboxes, the consumer's SQLite), one per run."""
+        return self.runs / f"{self.run_id}.control"
+
+
+def identity(run: SpecForgeRun) -> dict[str, Any]:
+    """The settings a SpecForge checkpoint can only be resumed with (its trainer compares epochs,
+    batch size, world size, the schedule's length, which follows the data, and the objective), and
+    the others that make it a different run (learning rate, target, draft, layers)."""
+    draft = run.draft_config.read_bytes() if run.draft_config.is_file() else b""
+    return {"num_epochs": run.epochs, "batch_size": run.batch_size, "world_size": run.nproc,
+            "ttt_length": run.ttt_steps, "max_length": run.max_length, "learning_rate": run.learning_rate,
+            "target": str(run.target_model), "draft_config": hashlib.sha256(draft).hexdigest(),
+            "layers": list(run.layers), "data": run.data_identity}
 
 
 def settings(stage: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -88,6 +125,14 @@ def settings(stage: dict[str, Any], env: dict[str, str] | None = None) -> dict[s
         "nproc": int(need(stage, "train", "nproc", StageInputError)),
         "max_length": int(need(stage, "train", "max_length", StageInputError)),
     }
+
+
+def missing_online_settings(stage: dict[str, Any]) -> list[str]:
+    """The online route's settings SpecForge's launcher cannot do without and aerie cannot choose
+    (`local.inventory.Train.specforge_refusal` asks for them first; this is the host's defence)."""
+    mooncake = stage.get("specforge_mooncake") or {}
+    missing = [] if stage.get("specforge_server_urls") else ["specforge_server_urls"]
+    return missing + [f"specforge_mooncake.{key}" for key in ("metadata_server", "master_server_addr") if not mooncake.get(key)]
 
 
 def detect(specforge_dir: Path | None) -> tuple[str, list[str]]:
@@ -121,34 +166,65 @@ def environment(specforge_dir: Path | None) -> dict[str, str]:
 
 
 def run_config(run: SpecForgeRun) -> dict[str, Any]:
-    """`specforge train --config`'s typed config (SpecForge's `Config` schema)."""
+    """`specforge train --config`'s typed config (SpecForge's `Config` schema, checked by its own
+    `load_config` in the tests)."""
     model = {
         "target_model_path": str(run.target_model), "draft_model_config": str(run.draft_config),
         "target_backend": "sglang", "aux_hidden_state_layer_ids": list(run.layers),
         "embedding_key": run.embedding_key, "lm_head_key": run.lm_head_key,
         "trust_remote_code": run.trust_remote_code, "torch_dtype": "bfloat16",
     }
-    data: dict[str, Any] = {"max_length": run.max_length, "chat_template": run.chat_template,
-                            "cache_dir": str(run.output / "cache")}
+    # NOTE: chat_template only names how raw conversations would be rendered; aerie never hands
+    # SpecForge raw conversations (offline: states; online: prep's tokens), so it is SpecForge's default.
+    data: dict[str, Any] = {"max_length": run.max_length, "cache_dir": str(run.output / "cache")}
     if run.is_online:
-        data["train_data_path"] = str(run.train_data)
+        data["prompts_path"] = str(run.prompts)
+        model["vocab_mapping_path"] = str(run.vocab_mapping)
     else:
         data["hidden_states_path"] = str(run.hidden_states)
     training: dict[str, Any] = {
         "strategy": "eagle3", "num_epochs": run.epochs, "batch_size": run.batch_size,
         "learning_rate": run.learning_rate, "max_grad_norm": 0.5, "ttt_length": run.ttt_steps, "seed": 0,
+        "save_interval": run.save_interval,
+        # NOTE: the newest two: a checkpoint torn by a kill still leaves one to resume from.
+        "max_checkpoints": 2,
     }
-    if latest_checkpoint("current", run) is not None:
-        training["resume_from"] = str(run.runs)  # its `<run_id>-latest` link names the step
+    latest = latest_checkpoint("current", run)
+    if latest is not None:
+        # NOTE: the checkpoint itself: given the root, SpecForge refuses one holding several runs' links.
+        training["resume_from"] = str(latest)
     trainer = {"nnodes": 1, "nproc_per_node": run.nproc}
     if run.is_online:
-        deployment = {"mode": "disaggregated", "trainer": trainer,
-                      "disaggregated": {"server_urls": run.server_urls or ["http://127.0.0.1:30000"]}}
-        deployment = _merge(deployment, run.deployment)
+        disaggregated = {"control_dir": str(run.control_dir), "backend": "mooncake", "server_urls": list(run.server_urls),
+                         **{f"mooncake_{key}": value for key, value in run.mooncake.items() if value is not None}}
+        deployment = _merge({"mode": "disaggregated", "trainer": trainer, "disaggregated": disaggregated}, run.deployment)
     else:
         deployment = _merge({"mode": "local_colocated", "trainer": trainer}, run.deployment)
-    return {"model": model, "data": data, "training": training, "run_id": RUN_ID,
+    return {"model": model, "data": data, "training": training, "run_id": run.run_id,
             "output_dir": str(run.runs), "deployment": deployment}
+
+
+def begin(run: SpecForgeRun) -> str | None:
+    """Record this run's identity beside its checkpoints; when an earlier run of this job had other
+    settings, the line that says which changed (this run then starts afresh under its own name)."""
+    run.runs.mkdir(parents=True, exist_ok=True)
+    resuming = latest_checkpoint("current", run) is not None
+    if run.is_online and not resuming and run.control_dir.exists():
+        shutil.rmtree(run.control_dir)  # a fresh attempt: SpecForge refuses a stale consumer database
+    mine, record = identity(run), run.runs / f"{run.run_id}.json"
+    earlier = sorted((p for p in run.runs.glob(f"{RUN_ID}-*.json") if p != record), key=lambda p: p.stat().st_mtime)
+    tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(mine, indent=2, sort_keys=True))
+    os.replace(tmp, record)
+    if resuming or not earlier:
+        return None
+    try:
+        before = json.loads(earlier[-1].read_text())
+    except (OSError, ValueError):
+        before = {}
+    changed = [f"{key} {before.get(key)!r} -> {value!r}" for key, value in mine.items() if before.get(key) != value]
+    return (f"settings changed since SpecForge run {earlier[-1].stem} ({', '.join(changed) or 'unknown'}): "
+            f"training afresh as {run.run_id}; the earlier run's checkpoints stay in {run.runs}")
 
 
 def command(run: SpecForgeRun, generation: str = "legacy", prefix: list[str] | None = None) -> list[str]:
@@ -195,13 +271,49 @@ def latest_checkpoint(generation: str, run: SpecForgeRun) -> Path | None:
     if not run.runs.is_dir():
         return None
     if generation == "current":
-        link = run.runs / f"{RUN_ID}-latest"
+        link = run.runs / f"{run.run_id}-latest"
         if link.exists():
             return link.resolve()
-        steps = sorted(run.runs.glob(f"{RUN_ID}-step*"), key=lambda p: int(p.name.rsplit("step", 1)[1] or 0))
+        steps = sorted((p for p in run.runs.glob(f"{run.run_id}-step*") if p.is_dir()),
+                       key=lambda p: int(p.name.rsplit("step", 1)[1] or 0))
         return steps[-1] if steps else None
     found = [(tuple(map(int, m.groups())), p) for p in run.runs.iterdir() if (m := LEGACY_CHECKPOINT.search(p.name))]
     return max(found)[1] if found else None
+
+
+def write_online_inputs(prep_dirs: list[Path], output: Path, vocab_size: int, draft_vocab: int) -> tuple[Path, Path, str]:
+    """Prep's exact tokens as SpecForge's pre-tokenized prompts (``{"input_ids", "loss_mask"}`` per
+    line: no chat template re-renders them and loses what prep kept), and the vocabulary map of their
+    trained tokens (``{"d2t", "t2d"}``, what SpecForge's `load_vocab_mapping` reads). Returns both
+    paths and a hash of the prompts, part of the run's name. Written to temporary names and renamed."""
+    import torch
+
+    from remote.eagle3.prep_input import read_manifest, read_records
+    from remote.eagle3.vocab import build_mapping
+
+    prompts, mapping = output / "prompts.jsonl", output / "vocab_mapping.pt"
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    digest, written = hashlib.sha256(), 0
+    tmp = prompts.with_name(f".{prompts.name}.{os.getpid()}.tmp")
+    with tmp.open("w") as out:
+        for prep in prep_dirs:
+            read_manifest(prep)
+            for record in read_records(prep):
+                line = json.dumps({"input_ids": record.input_ids, "loss_mask": record.loss_mask}) + "\n"
+                out.write(line)
+                digest.update(line.encode())
+                ids = torch.tensor(record.input_ids, dtype=torch.long)
+                counts += torch.bincount(ids[torch.tensor(record.loss_mask, dtype=torch.bool)], minlength=vocab_size)[:vocab_size]
+                written += 1
+    if not written:
+        tmp.unlink()
+        raise StageInputError(f"no prep records in {', '.join(map(str, prep_dirs))}: prep kept nothing; check its skip reasons")
+    os.replace(tmp, prompts)
+    d2t, t2d = build_mapping(counts, draft_vocab)
+    tmp = mapping.with_name(f".{mapping.name}.{os.getpid()}.tmp")
+    torch.save({"d2t": d2t, "t2d": t2d}, tmp)
+    os.replace(tmp, mapping)
+    return prompts, mapping, f"{written} prompts sha256:{digest.hexdigest()[:16]}"
 
 
 def export_command(prefix: list[str], run: SpecForgeRun, checkpoint: Path, out: Path) -> list[str]:

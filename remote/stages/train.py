@@ -15,7 +15,7 @@ Settings (``stages.train``):
   them (`remote.eagle3.acceptance`): per-step accuracy and the expected
   acceptance length of an ``eval_steps``-long chain with top-k 1.
 - ``checkpoint_every``: optimizer steps between resume checkpoints (one is
-  also written at the end of every epoch).
+  also written at the end of every epoch); SpecForge's ``training.save_interval``.
 - ``schedule_steps`` (not a user setting: `remote.chunked` sets it): the
   learning-rate schedule's length when this run is one chunk of a longer one.
 - ``chunk_pass`` (not a user setting either): which pass and chunk this run
@@ -62,8 +62,9 @@ ENGINES = ("aerie", "specforge")
 
 
 def read_extract_manifest(extract_dir: Path) -> dict[str, Any]:
-    """The extract stage's manifest, refused when extract did not finish or predates its fields."""
-    return read_upstream_manifest(extract_dir, "extract", ("release", "layers", "hidden_size", "width"))
+    """The extract stage's manifest, refused when extract did not finish or predates its fields
+    (without `hidden_states`, its states were kept under the ids' old meaning: one layer off on a Kimi target)."""
+    return read_upstream_manifest(extract_dir, "extract", ("release", "layers", "hidden_states", "hidden_size", "width"))
 
 
 def read_extract_manifests(directories: list[Path]) -> dict[str, Any]:
@@ -72,7 +73,7 @@ def read_extract_manifests(directories: list[Path]) -> dict[str, Any]:
     manifests = [read_extract_manifest(d) for d in directories]
     first = manifests[0]
     for directory, manifest in zip(directories[1:], manifests[1:]):
-        for key in ("layers", "hidden_size", "width"):
+        for key in ("layers", "hidden_states", "hidden_size", "width"):
             if manifest[key] != first[key]:
                 raise StageInputError(
                     f"{directory}: extracted with {key} {manifest[key]}, but {directories[0]} with {first[key]}: "
@@ -258,45 +259,14 @@ def _previous_history(ctx: StageContext, step: int) -> list[dict[str, Any]]:
 def run_specforge(ctx: StageContext, extracted: dict[str, Any] | None, progress: Progress) -> dict[str, Any]:
     """Train with the host's SpecForge (offline from extract's states, or online when `extracted` is
     None), then export a draft SGLang loads to ``$AERIE_OUTPUT/draft``."""
-    settings = ctx.stage_config
-    extra = specforge.settings(settings)
+    extra = specforge.settings(ctx.stage_config)
     generation, prefix = specforge.detect(extra["specforge_dir"])
-    path, trust = target_settings(ctx.shared_config)
-    shape = read_shape(path)
-    layers = list(extracted["layers"]) if extracted else list(settings.get("layers") or [])
-    if not layers:
-        raise StageInputError("engine specforge online: no layers to capture (stages.extract.layers)")
-    draft_path = drafts.draft_config_path(settings, ctx.shared_config)
-    draft = drafts.load(draft_path)
-    drafts.check_width(layers, shape.hidden_size, draft, f"draft config {draft_path}")
-    ctx.output.mkdir(parents=True, exist_ok=True)
-    # NOTE: the draft SpecForge trains names the captured layers, so its export does too.
-    finalized = ctx.output / "draft-config.json"
-    write_json_atomic(finalized, drafts.finalize(draft, layers, shape.vocab_size,
-                                                 min(int(need(settings, "train", "draft_vocab_size", StageInputError)), shape.vocab_size)))
-    job = specforge.SpecForgeRun(
-        specforge_dir=extra["specforge_dir"],
-        target_model=path,
-        draft_config=finalized,
-        train_data=_conversations(ctx) if (generation == "legacy" or extracted is None) else None,
-        hidden_states=_states_dir(ctx) if extracted else None,
-        output=ctx.output,
-        epochs=int(need(settings, "train", "epochs", StageInputError)),
-        batch_size=int(need(settings, "train", "batch_size", StageInputError)),
-        learning_rate=float(need(settings, "train", "learning_rate", StageInputError)),
-        max_length=extra["max_length"],
-        chat_template=extra["chat_template"],
-        ttt_steps=int(need(settings, "train", "ttt_steps", StageInputError)),
-        nproc=extra["nproc"],
-        layers=layers,
-        embedding_key=weight_name(path, "embed_tokens.weight") or "model.embed_tokens.weight",
-        lm_head_key=weight_name(path, "lm_head.weight") or "lm_head.weight",
-        trust_remote_code=trust,
-        server_urls=list(need(settings, "train", "specforge_server_urls", StageInputError)),
-        deployment=dict(need(settings, "train", "specforge_deployment", StageInputError)),
-    )
+    job = _specforge_job(ctx, extracted, generation, extra)
     env = specforge.environment(extra["specforge_dir"])
     if generation == "current":
+        changed = specforge.begin(job)
+        if changed:
+            progress.note(changed)
         specforge.write_config(job)
     argv = specforge.command(job, generation, prefix)
     mode = "online" if job.is_online else "offline"
@@ -312,15 +282,68 @@ def run_specforge(ctx: StageContext, extracted: dict[str, Any] | None, progress:
         _call(specforge.export_command(prefix, job, latest, tmp), env, "export", progress)
     else:  # the legacy trainer saves SGLang's layout itself
         shutil.copytree(latest, tmp, ignore=shutil.ignore_patterns("training_state*.pt"))
-    config = specforge.finish_draft(tmp, layers)
+    config = specforge.finish_draft(tmp, job.layers)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
-    progress.written(int((extracted or {}).get("records", 0)) or _count_lines(job.train_data))
+    progress.written(int((extracted or {}).get("records", 0)) or _count_lines(job.prompts or job.train_data))
     manifest = {"release": ctx.release, "engine": "specforge", "specforge": generation, "mode": mode, "command": argv,
-                "checkpoint": str(latest), "draft": str(out), "layers": layers,
+                "run_id": job.run_id if generation == "current" else None,
+                "checkpoint": str(latest), "draft": str(out), "layers": job.layers,
                 "eagle_aux_hidden_state_layer_ids": config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]}
     write_json_atomic(ctx.output / "manifest.json", manifest)
     return manifest
+
+
+def _specforge_job(ctx: StageContext, extracted: dict[str, Any] | None, generation: str, extra: dict[str, Any]) -> specforge.SpecForgeRun:
+    """What SpecForge is run with, its inputs written and checked first (one line for each refusal)."""
+    settings = ctx.stage_config
+    path, trust = target_settings(ctx.shared_config)
+    shape = read_shape(path)
+    layers = list(extracted["layers"]) if extracted else list(settings.get("layers") or [])
+    if not layers:
+        raise StageInputError("engine specforge online: no layers to capture (stages.extract.layers)")
+    if extracted and generation == "current" and extracted.get("dtype") not in (None, "bfloat16"):
+        raise StageInputError(f"engine specforge trains on bfloat16 states (its target head is bfloat16) but extract stored "
+                              f"{extracted['dtype']}: set stages.extract.dtype: bfloat16 and rerun extract")
+    draft_path = drafts.draft_config_path(settings, ctx.shared_config)
+    draft = drafts.load(draft_path)
+    drafts.check_width(layers, shape.hidden_size, draft, f"draft config {draft_path}")
+    ctx.output.mkdir(parents=True, exist_ok=True)
+    draft_vocab = min(int(need(settings, "train", "draft_vocab_size", StageInputError)), shape.vocab_size)
+    # NOTE: the draft SpecForge trains names the captured layers, so its export does too.
+    finalized = ctx.output / "draft-config.json"
+    write_json_atomic(finalized, drafts.finalize(draft, layers, shape.vocab_size, draft_vocab))
+    online = extracted is None
+    prompts = mapping = None
+    identity = f"{(extracted or {}).get('records')} records in {', '.join(map(str, ctx.inputs('extract')))}" if extracted else ""
+    if online and generation == "current":
+        _require_online(settings)
+        prep_dirs = [Path(p) for p in (ctx.config.get("prep_inputs") or {}).values()] or [ctx.upstream("prep")]
+        prompts, mapping, identity = specforge.write_online_inputs(prep_dirs, ctx.output, shape.vocab_size, draft_vocab)
+    return specforge.SpecForgeRun(
+        specforge_dir=extra["specforge_dir"], target_model=path, draft_config=finalized,
+        train_data=_conversations(ctx) if generation == "legacy" else None,
+        hidden_states=None if online else _states_dir(ctx), output=ctx.output,
+        epochs=int(need(settings, "train", "epochs", StageInputError)),
+        batch_size=int(need(settings, "train", "batch_size", StageInputError)),
+        learning_rate=float(need(settings, "train", "learning_rate", StageInputError)),
+        max_length=extra["max_length"], chat_template=extra["chat_template"],
+        ttt_steps=int(need(settings, "train", "ttt_steps", StageInputError)), nproc=extra["nproc"], layers=layers,
+        embedding_key=weight_name(path, "embed_tokens.weight") or "model.embed_tokens.weight",
+        lm_head_key=weight_name(path, "lm_head.weight") or "lm_head.weight", trust_remote_code=trust,
+        server_urls=list(need(settings, "train", "specforge_server_urls", StageInputError)),
+        deployment=dict(need(settings, "train", "specforge_deployment", StageInputError)),
+        save_interval=int(need(settings, "train", "checkpoint_every", StageInputError)),
+        prompts=prompts, vocab_mapping=mapping, mooncake=dict(settings.get("specforge_mooncake") or {}),
+        data_identity=identity,
+    )
+
+
+def _require_online(settings: dict[str, Any]) -> None:
+    """The online route's settings SpecForge cannot run without (the inventory checks them first)."""
+    missing = specforge.missing_online_settings(settings)
+    if missing:
+        raise StageInputError(f"engine specforge on the online route needs stages.train.{', stages.train.'.join(missing)}")
 
 
 def _call(argv: list[str], env: dict[str, str], what: str, progress: Progress) -> None:

@@ -1,15 +1,20 @@
-"""A stand-in for SpecForge's two CLIs, for the train stage's tests: SpecForge itself needs GPUs.
+"""A stand-in for SpecForge's two CLIs where the real one needs a GPU: the online route, whose
+target runs in SGLang capture servers and whose states travel through Mooncake. The offline route
+runs the real SpecForge 0.2.0 on a CPU (tests/specforge_cpu.py).
 
-It is not SpecForge: it checks the arguments and the run config it is given the way
-SpecForge's parsers and `Config` schema would refuse them, and writes checkpoints in
-SpecForge's layouts with a randomly initialised draft (aerie's own module, same names).
+It is not SpecForge, but it refuses what SpecForge refuses: a run config goes through SpecForge's
+own `load_config`, `resolve_run` and `build_launch_plan` (what ``specforge train --plan`` runs, all
+on a CPU) before anything else, and tests/test_specforge.py feeds both the same bad configs. Past
+that it checks the inputs exist and writes checkpoints in SpecForge's layouts with a randomly
+initialised draft (aerie's own module, same names).
 
 - ``specforge train --config run.yaml``: ``<output_dir>/<run_id>-step<N>/training_state.pt``
   (``strategy``, ``draft_state_dict``) and a ``<run_id>-latest`` link;
 - ``specforge export --to sglang --checkpoint C --draft-config D --output-dir O``: the draft
   directory (config.json, model.safetensors) SGLang loads;
 - ``torchrun --standalone --nproc_per_node N <dir>/scripts/train_eagle3.py --flags``: the legacy
-  trainer, ``<output-dir>/epoch_<E>_step_<S>/`` in SGLang's layout.
+  trainer (not in SpecForge 0.2.0: no real one to check against), ``<output-dir>/epoch_<E>_step_<S>/``
+  in SGLang's layout.
 
 Every call is appended to ``$STANDIN_LOG`` as JSON.
 """
@@ -48,34 +53,37 @@ def draft(config_path: str) -> dict:
     return state_for_sglang(Eagle3Draft(config))
 
 
+def check(config_path: str) -> dict:
+    """The run config, or SystemExit with SpecForge's own reason: its schema, its algorithm's checks
+    and its launch plan, as ``specforge train --config X --plan`` runs them."""
+    from specforge.application import resolve_run
+    from specforge.config import load_config
+    from specforge.launch_plan import build_launch_plan
+
+    try:
+        resolved = resolve_run(load_config(config_path))
+        build_launch_plan(resolved.config, algorithm=resolved.algorithm, config_path=config_path, env={})
+    except ValueError as exc:  # pydantic's ValidationError is one
+        fail(f"SpecForge refuses {config_path}: {str(exc).splitlines()[0]}")
+    return json.loads(Path(config_path).read_text())  # JSON is YAML
+
+
 def train(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="specforge train")
     parser.add_argument("-c", "--config", required=True)
     args = parser.parse_args(argv)
-    config = json.loads(Path(args.config).read_text())  # JSON is YAML
-    if set(config) - {"model", "data", "training", "run_id", "output_dir", "deployment", "tracking", "profiling", "runtime"}:
-        fail(f"unknown top-level keys {sorted(set(config) - {'model', 'data', 'training', 'run_id', 'output_dir', 'deployment'})}")
+    config = check(args.config)
     model, data, training = config["model"], config["data"], config["training"]
     if not (Path(model["target_model_path"]) / "config.json").is_file():
         fail("model.target_model_path has no config.json")
-    if model.get("target_backend") != "sglang":
-        fail("model.target_backend must be sglang (the HF backends were removed)")
     draft_config = json.loads(Path(model["draft_model_config"]).read_text())
     if draft_config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] != model["aux_hidden_state_layer_ids"]:
         fail("the draft config's aux layers differ from model.aux_hidden_state_layer_ids")
-    sources = [k for k in ("train_data_path", "prompts_path", "hidden_states_path") if data.get(k)]
-    if len(sources) != 1:
-        fail("set exactly one of data.train_data_path, data.prompts_path or data.hidden_states_path")
     mode = "offline" if data.get("hidden_states_path") else "online"
     if mode == "offline" and not ckpts(Path(data["hidden_states_path"])):
         fail("no .ckpt under data.hidden_states_path")
-    if mode == "online" and not Path(data["train_data_path"]).is_file():
-        fail("data.train_data_path is not a file")
-    deployment = config["deployment"]
-    if mode == "online" and (deployment["mode"] != "disaggregated" or not deployment["disaggregated"]["server_urls"]):
-        fail("online needs deployment.mode disaggregated with the SGLang capture servers")
-    if training["strategy"] != "eagle3":
-        fail("training.strategy must be eagle3")
+    if mode == "online" and not (Path(data["prompts_path"]).is_file() and Path(model["vocab_mapping_path"]).is_file()):
+        fail("data.prompts_path or model.vocab_mapping_path is not a file")
     out = Path(config["output_dir"])
     step = 10 * training["num_epochs"]
     checkpoint = out / f"{config['run_id']}-step{step}"
