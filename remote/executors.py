@@ -16,7 +16,7 @@ from pathlib import Path
 from remote import processes
 from remote.store import HostError
 from remote.progress import write_json_atomic
-from remote.states import JobState
+from remote.states import JobState, quiet_for
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:
@@ -75,13 +75,6 @@ class Executor:
 
 def base_message(state: dict[str, Any], progress: dict[str, Any]) -> str:
     return state.get("message") or progress.get("message") or ""
-
-
-def quiet_for(state: dict[str, Any], progress: dict[str, Any], now: float) -> float | None:
-    """Seconds without a sign of progress, when that is longer than the job's `stall_after` (stalled); else None.
-    The one stall rule, for every executor."""
-    quiet = now - max(progress.get("updated_at") or 0, state.get("started_at") or 0)
-    return quiet if quiet > state["stall_after"] else None
 
 
 class ProcessExecutor(Executor):

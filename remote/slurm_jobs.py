@@ -20,7 +20,7 @@ from typing import Any
 from remote import slurm
 from remote.progress import write_json_atomic
 from remote.slurm import SlurmJob
-from remote.states import JobState
+from remote.states import JobState, quiet_for
 
 #: End states Slurm imposes on a job; they override what the supervisor managed to record.
 ENDED_BY_SLURM = {"TIMEOUT", "DEADLINE", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "PREEMPTED", "CANCELLED"}
@@ -81,8 +81,6 @@ def effective(state: dict[str, Any], progress: dict[str, Any], now: float, job: 
     if seen == JobState.WAITING:
         return seen, f"pending in Slurm ({job.reason})" if job.reason else "pending in Slurm"
     if seen == JobState.RUNNING:
-        from remote.executors import quiet_for  # the one stall rule (executors imports this module lazily)
-
         where = f"on {job.node}" if job.node else ""
         quiet = quiet_for(state, progress, now) if state.get("started_at") else None
         if quiet is not None:

@@ -39,3 +39,10 @@ class JobState(str, Enum):
 
 
 BAD = frozenset({JobState.FAILED, JobState.DIED, JobState.EMPTY, JobState.STALLED, JobState.BROKEN})
+
+
+def quiet_for(state: dict, progress: dict, now: float) -> float | None:
+    """Seconds without a sign of progress, when that is longer than the job's `stall_after` (stalled); else None.
+    The one stall rule, for every executor."""
+    quiet = now - max(progress.get("updated_at") or 0, state.get("started_at") or 0)
+    return quiet if quiet > state["stall_after"] else None

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from remote.eagle3.epochs import EpochRecord
 from remote.progress import write_json_atomic
 
 PLOT_EVERY = 60.0  # seconds: drawing costs seconds of CPU, so not after every short epoch
@@ -37,26 +37,6 @@ def _rank(path: Path) -> float:
     root, which may move)."""
     digest = hashlib.sha1("/".join(path.parts[-5:]).encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
-
-
-@dataclass
-class EpochRecord:
-    """One epoch's figures, as the manifest, the metrics and the plot show them."""
-
-    epoch: int
-    loss: float
-    accept_length: float | None = None
-    accuracies: list[float] = field(default_factory=list)
-    positions: int = 0
-
-    def metrics(self) -> dict[str, Any]:
-        if self.accept_length is None:
-            return {}
-        return {"accept_length": round(self.accept_length, 4), "eval_positions": self.positions,
-                **{f"eval_acc_{k}": round(a, 4) for k, a in enumerate(self.accuracies)}}
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "loss": round(self.loss, 5), **self.metrics()}
 
 
 class EpochEvaluation:

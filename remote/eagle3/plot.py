@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from remote.eagle3.heldout import EpochRecord
+from remote.eagle3.epochs import EpochRecord
 
 PLOT_NAME = "training.png"
 

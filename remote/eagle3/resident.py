@@ -128,6 +128,7 @@ class Trainer:
         import torch
 
         from remote.eagle3 import heldout, plot
+        from remote.eagle3.epochs import EpochRecord
         from remote.eagle3.model import Eagle3Draft
         from remote.eagle3.shards import load_sample
         from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
@@ -154,7 +155,7 @@ class Trainer:
         self.evaluation = heldout.EpochEvaluation(
             self.heldout, load_sample, int(self.settings["eval_steps"]), int(self.settings["max_length"]),
             self.output / plot.PLOT_NAME, self.progress)
-        self.evaluation.epochs = [heldout.EpochRecord(**e) for e in read_json(self.evaluations, [])]
+        self.evaluation.epochs = [EpochRecord(**e) for e in read_json(self.evaluations, [])]
 
     def run(self, inputs: list[Path], epochs: int, name: str, seed: int) -> None:
         """`epochs` epochs over the states in `inputs`, shuffled by `seed`; `name` is the pass, for resuming."""
