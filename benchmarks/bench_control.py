@@ -35,8 +35,8 @@ from local import deploy
 from local.host import RemoteHost
 from local.inventory import load
 from local.multiplex import Multiplexed, accepts
-from tests.harness import SCRIPTED, Bench, copy_checkout, wait_for
-from tests.sshd import start_server
+from benchmarks.harness.checkout import SCRIPTED, Bench, copy_checkout, wait_for
+from benchmarks.harness.sshd import start_server
 
 JOBS = 40
 DATASETS = {f"D{i:02d}": "records=3" for i in range(JOBS)}

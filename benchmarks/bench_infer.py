@@ -8,7 +8,7 @@ keeps (aim: 0.9 or more). The server is a real ``transformers serve`` of the
 tiny model on loopback; greedy decoding, so every client gets the same tokens.
 
 The second part, `autotune`, drives a stand-in server whose throughput
-saturates at a known concurrency and falls past it (`tests/saturating_server.py`)
+saturates at a known concurrency and falls past it (`benchmarks/harness/saturating_server.py`)
 with the stage at pinned concurrencies 4, the knee and 64, and at ``auto``;
 each figure is the output tokens/s the server gave, as a ratio to its best.
 
@@ -30,8 +30,8 @@ from typing import Any, Callable
 from remote.progress import Progress
 from remote.stages import StageContext
 from remote.stages import infer
-from tests.infer_fixtures import Server, build_tiny_model, make_prompts, stage_env, write_prep
-from tests.saturating_server import SaturatingServer
+from benchmarks.harness.infer_servers import Server, build_tiny_model, make_prompts, stage_env, write_prep
+from benchmarks.harness.saturating_server import SaturatingServer
 
 #: Every client asks for the same sampling, so the server does the same work for each.
 SAMPLING = {"temperature": 0.7, "top_p": 1.0}

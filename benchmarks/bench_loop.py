@@ -33,7 +33,7 @@ from benchmarks.bench_control import grow_tree, median_seconds, on_loopback_sshd
 from local import deploy, validate
 from local.host import RemoteHost
 from local.inventory import load
-from tests.harness import Bench, wait_for
+from benchmarks.harness.checkout import Bench, wait_for
 
 FAILING = "F"  # a dataset whose job fails every time, so that each rerun relaunches one job
 

@@ -22,9 +22,9 @@ import yaml
 from benchmarks.bench_control import JOBS, median_seconds, once
 from local import jobs
 from local.inventory import load
-from tests.harness import SAMPLES, SCRIPTED, Bench, copy_checkout, wait_for
-from tests.slurm import start_cluster
-from tests.sshd import start_server
+from benchmarks.harness.checkout import SAMPLES, SCRIPTED, Bench, copy_checkout, wait_for
+from benchmarks.harness.slurm_cluster import start_cluster
+from benchmarks.harness.sshd import start_server
 
 
 def inventory(bench: Bench, backend: str, env: dict[str, str]) -> None:

@@ -22,7 +22,7 @@ import pytest
 
 from tests.needs import need
 from tests.slurm_fixtures import slurm  # noqa: F401 (the session's Slurm cluster, a fixture)
-from tests.sshd import SshServer, SshServerError, free_port as _free_port, require_openssh, start_server
+from benchmarks.harness.sshd import SshServer, SshServerError, free_port as _free_port, require_openssh, start_server
 
 LOOPBACK_ONLY_ENV = "AERIE_TEST_ONLY_LOOPBACK"
 LOOPBACK_HOSTS = "127.0.0.0/8,::1,localhost"

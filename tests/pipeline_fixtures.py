@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.settings import complete
+from benchmarks.harness.stage_settings import complete
 
 REPO = Path(__file__).resolve().parent.parent
 #: The tiny target's layers: 4 decoder layers, so valid aux ids are 0..2.

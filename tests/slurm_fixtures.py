@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.needs import need
-from tests.slurm import SlurmCluster, SlurmClusterError, require_slurm, start_cluster
+from benchmarks.harness.slurm_cluster import SlurmCluster, SlurmClusterError, require_slurm, start_cluster
 
 _CLUSTER = pytest.StashKey[SlurmCluster]()
 

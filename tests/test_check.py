@@ -14,8 +14,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.harness import Bench, copy_checkout
-from tests.json_http import JSONHandler
+from benchmarks.harness.checkout import Bench, copy_checkout
+from benchmarks.harness.json_http import JSONHandler
 
 pytestmark = pytest.mark.e2e  # `inv check` as typed, against a stand-in server
 

@@ -15,7 +15,7 @@ import pytest
 
 from remote import chunked
 from remote.eagle3 import StageInputError
-from tests.settings import complete
+from benchmarks.harness.stage_settings import complete
 from tests.pipeline_fixtures import REPO, TINY_LAYERS, make_records, stage_env, tiny_target, vocab_size, write_prep
 
 __all__ = ["tiny_target"]  # fixtures used below
@@ -202,7 +202,7 @@ def test_a_budget_smaller_than_the_states_trains_by_chunks_never_exceeds_it_and_
 @pytest.mark.timeout(600)
 def test_inv_run_takes_the_chunked_route_shows_chunk_k_of_n_and_resumes_after_inv_stop(tmp_path: Path) -> None:
     from remote.tiny_tokenizer import build_tokenizer
-    from tests.harness import SAMPLES, Bench, copy_checkout, wait_for
+    from benchmarks.harness.checkout import SAMPLES, Bench, copy_checkout, wait_for
 
     bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local")
     tokenizer = tmp_path / "tokenizer"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from local.cli import LazyConsole
-from tests.harness import REPO
+from benchmarks.harness.checkout import REPO
 
 
 def test_a_plain_line_is_printed_without_importing_rich() -> None:

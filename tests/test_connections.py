@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.harness import Bench, copy_checkout
+from benchmarks.harness.checkout import Bench, copy_checkout
 
 pytestmark = pytest.mark.e2e
 

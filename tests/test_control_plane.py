@@ -1,7 +1,7 @@
 """The control plane end to end: the real `inv` tasks against this machine and a real loopback sshd.
 
 Every test runs on both backends (`local`: subprocesses; `ssh`: Fabric over the
-test sshd). Stages are tests/stages/scripted.py, an ordinary stage command.
+test sshd). Stages are benchmarks/harness/scripted_stage.py, an ordinary stage command.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
 
 pytestmark = pytest.mark.e2e
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -232,7 +232,7 @@ def _stage_pid(bench: Bench, dataset: str) -> int:
 
     def child_is_there() -> bool:
         found[:] = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_descendant(int(p), supervisor)
-                    and "scripted.py" in _cmdline(int(p)) and "/bin/sh" not in _cmdline(int(p))]
+                    and "scripted_stage.py" in _cmdline(int(p)) and "/bin/sh" not in _cmdline(int(p))]
         return bool(found)
 
     wait_for(child_is_there, 10, "the stage process")

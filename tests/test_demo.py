@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from remote import tiny_model
-from tests.harness import REPO, Bench, copy_checkout
+from benchmarks.harness.checkout import REPO, Bench, copy_checkout
 from tests.pipeline_fixtures import demo_target  # noqa: F401 — a fixture
 
 pytestmark = pytest.mark.e2e

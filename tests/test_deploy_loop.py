@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from local.validate_cache import ValidationCache, keys, prep_code
-from tests.harness import REPO, SAMPLES, Bench, copy_checkout
+from benchmarks.harness.checkout import REPO, SAMPLES, Bench, copy_checkout
 from tests.prep_fixtures import tiny_tokenizer_dir  # noqa: F401 (a fixture)
-from tests.sshd import start_server
+from benchmarks.harness.sshd import start_server
 
 # NOTE: a package of this name first on PYTHONPATH notes every import of it (in `inv` and in
 # any Python it starts, such as the validation), then hands over to the real package.

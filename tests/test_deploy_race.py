@@ -20,8 +20,8 @@ from local.host import RemoteHost
 from local.inventory import load
 from local.transport import LocalTransport
 from remote.release import MANIFEST
-from tests.harness import Bench, copy_checkout, wait_for
-from tests.processes import descendants, process_name
+from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
+from benchmarks.harness.process_tree import descendants, process_name
 
 
 def switch_to_another_checkouts_release(root: Path) -> str:

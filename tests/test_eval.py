@@ -20,7 +20,7 @@ import pytest
 
 from remote.eval import report as reports
 from remote.eval.sglang import Measurement, Setting, launch_command
-from tests.harness import Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
 from tests.stages import sglang_standin as standin
 
 STANDIN = Path(standin.__file__)

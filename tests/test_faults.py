@@ -2,7 +2,7 @@
 
 These drive the host's own functions (remote.jobs, `python -m remote`'s verbs) on a
 root whose release is this checkout, with the real supervisor and
-tests/stages/scripted.py as the stage: no SSH and no deploy, so each takes seconds.
+benchmarks/harness/scripted_stage.py as the stage: no SSH and no deploy, so each takes seconds.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from remote import jobs
 from remote.logfile import CappedLog
 from remote.states import JobState
 from remote.store import JobStore
-from tests.harness import REPO, SCRIPTED, wait_for
+from benchmarks.harness.checkout import REPO, SCRIPTED, wait_for
 
 #: Tests that start real supervisors and stages (seconds each): the end-to-end tier.
 E2E = pytest.mark.e2e
@@ -83,7 +83,7 @@ def test_the_stage_dies_with_its_supervisor(root: Path) -> None:
     jobs.launch(root, spec("A", "records=1000 sleep=0.1"))
     supervisor = record(root, "A")["pid"]
     stage: list[int] = []
-    wait_for(lambda: bool(stage.extend(descendants(supervisor, "scripted.py")) or stage), 15, "the stage")
+    wait_for(lambda: bool(stage.extend(descendants(supervisor, "scripted_stage.py")) or stage), 15, "the stage")
     os.kill(supervisor, signal.SIGKILL)
     wait_for(lambda: not any(is_running(p) for p in stage), 10, "the stage to die with its supervisor")
     assert state_of(root, "A")["state"] == "died"
@@ -494,7 +494,7 @@ def test_a_sigterm_not_from_inv_stop_ends_the_job_died_with_the_signal_named_and
     jobs.launch(root, spec("A", "records=1000 sleep=0.1"))
     supervisor = record(root, "A")["pid"]
     stage: list[int] = []
-    wait_for(lambda: bool(stage.extend(descendants(supervisor, "scripted.py")) or stage), 15, "the stage")
+    wait_for(lambda: bool(stage.extend(descendants(supervisor, "scripted_stage.py")) or stage), 15, "the stage")
     os.kill(supervisor if target == "supervisor" else stage[0], signal.SIGTERM)
     ended = wait_ended(root, "A")
     assert (ended["state"], ended["signal"]) == ("died", "SIGTERM"), ended

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import pytest_socket
 
-from tests.sshd import SshServer
+from benchmarks.harness.sshd import SshServer
 
 LOOPBACK_ONLY_ENV = "AERIE_TEST_ONLY_LOOPBACK"  # honoured by local/transport.py
 # Reserved for nobody in particular; if a guard were missing, the precondition checks

@@ -18,7 +18,7 @@ from local import control, status_view, validate
 from local.cli import task
 from local.errors import AerieError
 from local.visible import VisibleStream, visible, visible_all
-from tests.harness import Bench, copy_checkout
+from benchmarks.harness.checkout import Bench, copy_checkout
 
 #: Clear the screen, set the window title (BEL-terminated), a hyperlink (OSC 8, ST-terminated), a C1 CSI.
 HOSTILE = "\x1b[2J\x1b]0;pwned\x07 \x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\ \x9b31m red"

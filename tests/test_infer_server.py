@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.harness.sshd import free_port
 from remote import processes, server
-from tests.infer_fixtures import ScriptedServer, free_port
+from tests.infer_fixtures import ScriptedServer
 
 KIMI_LAYERS = [2, 30, 58]
 

@@ -208,7 +208,7 @@ def test_a_bad_setting_is_named_in_one_line(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_no_server_at_the_address_fails_at_once_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.infer_fixtures import free_port
+    from benchmarks.harness.sshd import free_port
 
     data = tmp_path / "data" / "B5"
     write_prep(data, make_prompts(3))
@@ -220,7 +220,7 @@ def test_no_server_at_the_address_fails_at_once_in_one_line(tmp_path: Path, monk
 
 @pytest.mark.e2e
 def test_auto_concurrency_settles_near_the_knee_of_a_saturating_server_and_reports_it(tmp_path: Path) -> None:
-    from tests.saturating_server import SaturatingServer
+    from benchmarks.harness.saturating_server import SaturatingServer
 
     data = tmp_path / "data" / "B5"
     write_prep(data, make_prompts(240))

@@ -12,7 +12,7 @@ import pytest
 from local import inventory, inventory_cache, jobs
 from local.errors import AerieError
 from local.inventory_cache import load
-from tests.harness import REPO
+from benchmarks.harness.checkout import REPO
 
 MULTI = """\
 backend: ssh

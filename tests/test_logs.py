@@ -20,7 +20,7 @@ import pytest
 
 from remote import jobs, logfile
 from remote.logfile import CappedLog
-from tests.harness import REPO, SCRIPTED, wait_for
+from benchmarks.harness.checkout import REPO, SCRIPTED, wait_for
 
 MIB = 2**20
 
@@ -161,7 +161,7 @@ def test_a_stage_writing_200_mb_leaves_a_capped_log_whose_end_logs_shows(tmp_pat
 
 @pytest.fixture(params=["local", "ssh"])
 def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    from tests.harness import Bench, copy_checkout
+    from benchmarks.harness.checkout import Bench, copy_checkout
 
     sshd = request.getfixturevalue("sshd") if request.param == "ssh" else None
     return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", request.param, sshd)

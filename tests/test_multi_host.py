@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.harness import SAMPLES, SCRIPTED, Bench, copy_checkout, wait_for
-from tests.sshd import SshServer
+from benchmarks.harness.checkout import SAMPLES, SCRIPTED, Bench, copy_checkout, wait_for
+from benchmarks.harness.sshd import SshServer
 
 pytestmark = pytest.mark.e2e
 

@@ -12,8 +12,8 @@ import pytest
 
 from local.inventory import load
 from local.multiplex import Multiplexed
-from tests.harness import Bench, copy_checkout, wait_for
-from tests.sshd import SshServer, start_server
+from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
+from benchmarks.harness.sshd import SshServer, start_server
 
 pytestmark = pytest.mark.e2e
 

@@ -1,6 +1,6 @@
 """`inv run`'s scheduling, end to end through the real tasks on both backends.
 
-Every stage is tests/stages/scripted.py (plans per dataset and stage in a
+Every stage is benchmarks/harness/scripted_stage.py (plans per dataset and stage in a
 directory), so these tests are about order, the GPU's exclusivity, the managed
 server, failures and resuming, not about what the stages compute (the stages'
 own tests and test_demo.py cover that with the tiny model).
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import SCRIPTED, Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import SCRIPTED, Bench, copy_checkout, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from remote import plan as planning
-from tests.harness import SAMPLES, Bench, copy_checkout
+from benchmarks.harness.checkout import SAMPLES, Bench, copy_checkout
 
 KIMI_TEXT = {"hidden_size": 7168, "num_hidden_layers": 61, "vocab_size": 163840}
 KIMI_BYTES_PER_TOKEN = (3 + 1) * 7168 * 2  # 57,344: three aux layers and the final state, bfloat16

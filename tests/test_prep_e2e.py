@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import REPO, Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import REPO, Bench, copy_checkout, wait_for
 from tests.prep_fixtures import tiny_tokenizer_dir  # noqa: F401 (a session fixture, built once)
 
 pytestmark = pytest.mark.e2e

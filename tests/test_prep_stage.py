@@ -16,7 +16,7 @@ import pytest
 from remote.prep.errors import PrepError
 from remote.stages import StageContext
 from remote.stages.prep import run
-from tests.settings import complete
+from benchmarks.harness.stage_settings import complete
 from tests.prep_fixtures import FIXTURES, REPO, tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401
 
 NATIVE_PARTS = ["sharegpt.jsonl", "openai_tools.jsonl", "agent_trajectory.jsonl", "mixed.jsonl"]

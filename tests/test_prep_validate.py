@@ -12,7 +12,7 @@ import sys
 from remote.prep.validate import validate
 from remote.tiny_tokenizer import build_tokenizer
 from remote.wire import decode
-from tests.settings import complete
+from benchmarks.harness.stage_settings import complete
 from tests.prep_fixtures import REPO, tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401
 
 SAMPLES = REPO / "inventories" / "samples"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import SCRIPTED, Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import SCRIPTED, Bench, copy_checkout, wait_for
 
 pytestmark = pytest.mark.e2e
 

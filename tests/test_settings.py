@@ -13,8 +13,8 @@ from remote.infer.settings import InferSettings, SettingsError
 from remote.prep.errors import PrepError
 from remote.prep.settings import PrepSettings
 from remote.settings import need
-from tests.harness import REPO
-from tests.settings import complete
+from benchmarks.harness.checkout import REPO
+from benchmarks.harness.stage_settings import complete
 
 HOST_SETTINGS = {"prep": PrepSettings, "infer": InferSettings}
 SCHEMA_KEYS = sorted({key for field in Stages.model_fields.values() for key in field.annotation.model_fields})

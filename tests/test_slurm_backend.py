@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.harness import SAMPLES, SCRIPTED, Bench, copy_checkout, wait_for
-from tests.slurm import SlurmCluster
-from tests.sshd import SshServer
+from benchmarks.harness.checkout import SAMPLES, SCRIPTED, Bench, copy_checkout, wait_for
+from benchmarks.harness.slurm_cluster import SlurmCluster
+from benchmarks.harness.sshd import SshServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 ENDED = {"succeeded", "failed", "empty", "died", "stopped"}

@@ -1,4 +1,4 @@
-"""remote.slurm against a real single-node Slurm cluster (tests/slurm.py)."""
+"""remote.slurm against a real single-node Slurm cluster (benchmarks/harness/slurm_cluster.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from remote import slurm as client
 from remote.slurm import SlurmJob
 from remote.states import JobState
-from tests.slurm import SlurmCluster
+from benchmarks.harness.slurm_cluster import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]  # a real cluster: not the unit tier
 

@@ -13,7 +13,7 @@ import paramiko
 import pytest
 from fabric import Config, Connection
 
-from tests.sshd import SshServer, free_port
+from benchmarks.harness.sshd import SshServer, free_port
 
 pytestmark = pytest.mark.e2e  # a real sshd: not the unit tier
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
 from tests.test_status_extras import STAND_IN
 
 pytestmark = pytest.mark.e2e

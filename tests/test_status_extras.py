@@ -22,7 +22,7 @@ from remote import eta, gpus
 from remote.prep.count import estimate_rows
 from remote.prep.load import Source
 from remote.progress import Progress
-from tests.harness import wait_for
+from benchmarks.harness.checkout import wait_for
 
 STAND_IN = """#!/bin/sh
 # A stand-in for nvidia-smi: the two queries aerie makes, answered from fixed CSV.

@@ -14,7 +14,7 @@ from local.errors import AerieError
 from local.inventory import load
 from local.validate_cache import ValidationCache
 from remote.prep.validate import validate as validate_on_host
-from tests.harness import Bench, copy_checkout
+from benchmarks.harness.checkout import Bench, copy_checkout
 
 
 def inventory(tmp_path: Path, datasets: dict) -> Path:

@@ -36,7 +36,7 @@ from typing import Any
 
 if not __package__:  # NOTE: `inv eval` runs this file as a script, from outside the checkout's path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.json_http import JSONHandler  # noqa: E402
+from benchmarks.harness.json_http import JSONHandler  # noqa: E402
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

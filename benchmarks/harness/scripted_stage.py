@@ -12,7 +12,7 @@ dataset's `source` says what to do, e.g. ``records=5 sleep=0.1 exit=0``:
 - ``child``: start a grandchild `sleep` and write its pid to the output dir
 - ``need_url`` / ``shun_url``: fail unless / if that URL answers (the managed server)
 
-With a directory argument (``scripted.py DIR``), the plan is read from
+With a directory argument (``scripted_stage.py DIR``), the plan is read from
 ``DIR/<dataset>.<stage>`` instead (default ``records=1``), so that every stage of a
 pipeline has its own, and the start and end times go to ``DIR/trace/``.
 """

@@ -1,4 +1,4 @@
-"""Running the real tasks from the tests: a copy of the checkout, inventories, `inv` in a subprocess."""
+"""Running the real tasks as a user does, for the tests and the benchmarks: a copy of the checkout, inventories, `inv` in a subprocess."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ import yaml
 
 from local.host import RemoteHost
 from local.inventory import load
-from tests.sshd import SshServer
+from benchmarks.harness.sshd import SshServer
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 #: What a user's checkout holds that the tasks need (tests and the venv stay behind).
 CHECKOUT_PARTS = ("tasks.py", "invoke.yaml", "pyproject.toml", "local", "remote", "inventories")
-SCRIPTED = REPO / "tests" / "stages" / "scripted.py"
+SCRIPTED = Path(__file__).resolve().parent / "scripted_stage.py"
 SAMPLES = {"native": REPO / "inventories/samples/sharegpt.jsonl", "prompts": REPO / "inventories/samples/prompts_alpaca.jsonl"}
 
 
@@ -70,7 +70,7 @@ class Bench:
         return path
 
     def scripted(self, datasets: dict[str, str], stage: str = "prep", stall_after: float = 600) -> Path:
-        """An inventory whose `stage` runs tests/stages/scripted.py; `datasets` maps name to its plan."""
+        """An inventory whose `stage` runs benchmarks/harness/scripted_stage.py; `datasets` maps name to its plan."""
         command = f"{{python}} {SCRIPTED}"
         return self.inventory(
             {name: {"source": plan, "kind": "native"} for name, plan in datasets.items()},

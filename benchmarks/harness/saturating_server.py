@@ -17,7 +17,7 @@ import time
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from tests.json_http import JSONHandler
+from benchmarks.harness.json_http import JSONHandler
 
 TICK = 0.005  # seconds between two decode steps of the engine
 

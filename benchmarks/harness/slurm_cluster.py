@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.processes import descendants, process_name
-from tests.sshd import free_port
+from benchmarks.harness.process_tree import descendants, process_name
+from benchmarks.harness.sshd import free_port
 
 ADDRESS = "127.0.0.1"
 START_TIMEOUT_S = 20.0

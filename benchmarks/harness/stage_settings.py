@@ -1,0 +1,16 @@
+"""Stage settings as the workstation sends them: every default from the inventory's schema, then the caller's own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from local.inventory import Stages
+
+
+def complete(stage: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`settings` over the schema's defaults for `stage` (tokenize is prep), as `local.jobs.spec` sends them;
+    a job that is not an inventory stage (the chunked route's driver) gets `settings` as they are."""
+    if stage != "tokenize" and stage not in Stages.model_fields:
+        return dict(settings or {})
+    model = Stages.model_fields["prep" if stage == "tokenize" else stage].annotation
+    return {**model().model_dump(exclude={"command", "stall_after"}), **(settings or {})}
