@@ -1,6 +1,6 @@
 """The chunked route against the offline route on the same records: wall time and the draft's held-out accept length.
 
-``run()`` builds the demo's wired tiny target offline (`remote.tiny_model`,
+``run()`` builds the demo's wired tiny target offline (`remote.demo.tiny_model`,
 ``--recite``) and records that follow its greedy path (a random prompt, then
 the recited answer, which is trained), split over three datasets, then runs
 as the supervisor would:
@@ -47,8 +47,8 @@ def settings(stage: str, values: dict[str, Any]) -> dict[str, Any]:
 
 def build(work: Path, records: int, seed: int = 0) -> tuple[Path, list[str]]:
     """The wired target and three datasets' prep outputs of `records` records in all."""
-    from remote import tiny_model
-    from remote.tiny_tokenizer import build_tokenizer
+    from remote.demo import tiny_model
+    from remote.demo.tiny_tokenizer import build_tokenizer
 
     target = work / "target"
     build_tokenizer(target)

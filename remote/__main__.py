@@ -271,9 +271,9 @@ def plan(args: dict[str, Any]) -> Any:
 
 
 def assets(args: dict[str, Any]) -> Any:
-    """Build the demo's tiny target (tokenizer and a Llama wired to recite, `remote.tiny_model`)
+    """Build the demo's tiny target (tokenizer and a Llama wired to recite, `remote.demo.tiny_model`)
     offline, unless it is there."""
-    from remote import tiny_model
+    from remote.demo import tiny_model
 
     out = Path(args["root"]) / "assets" / "tiny-target"
     # NOTE: a target without the recital file is an older demo's random one: its draft cannot learn.
@@ -281,7 +281,7 @@ def assets(args: dict[str, Any]) -> Any:
         return {"path": str(out), "built": False}
     import shutil
 
-    from remote import tiny_tokenizer
+    from remote.demo import tiny_tokenizer
 
     building = out.with_name(out.name + ".tmp")
     shutil.rmtree(building, ignore_errors=True)  # left by an interrupted build

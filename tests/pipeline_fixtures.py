@@ -26,8 +26,8 @@ TINY_LAYERS = [0, 1, 2]
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama (hidden 64, 4 layers) with the Kimi-style tiny tokenizer, built once."""
-    from remote.tiny_model import build_model, tokenizer_vocab_size
-    from remote.tiny_tokenizer import build_tokenizer
+    from remote.demo.tiny_model import build_model, tokenizer_vocab_size
+    from remote.demo.tiny_tokenizer import build_tokenizer
 
     path = tmp_path_factory.mktemp("tiny-target")
     build_tokenizer(path)
@@ -38,8 +38,8 @@ def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def demo_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny tokenizer and reciting Llama, built offline the way `inv demo` builds them (`remote assets`)."""
-    from remote import tiny_model
-    from remote.tiny_tokenizer import build_tokenizer
+    from remote.demo import tiny_model
+    from remote.demo.tiny_tokenizer import build_tokenizer
 
     path = tmp_path_factory.mktemp("demo-target")
     build_tokenizer(path)
@@ -158,9 +158,9 @@ def extracted(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> di
 @pytest.fixture(scope="session")
 def kimi_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Kimi-K2.5-shaped target (multimodal wrapper around a DeepseekV3 MoE with MLA), built once."""
-    from remote.tiny_kimi import build_kimi_model
-    from remote.tiny_model import copy_tokenizer, tokenizer_vocab_size
-    from remote.tiny_tokenizer import build_tokenizer
+    from tests.tiny_kimi import build_kimi_model
+    from remote.demo.tiny_model import copy_tokenizer, tokenizer_vocab_size
+    from remote.demo.tiny_tokenizer import build_tokenizer
 
     tokenizer = tmp_path_factory.mktemp("kimi-tokenizer")
     build_tokenizer(tokenizer)

@@ -14,7 +14,7 @@ import pytest
 
 from remote.prep.pipeline import Prepared, Preparer
 from remote.prep.settings import Target
-from remote.tiny_tokenizer import build_tokenizer
+from remote.demo.tiny_tokenizer import build_tokenizer
 from tests.settings import prep_settings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "prep"

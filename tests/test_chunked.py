@@ -201,7 +201,7 @@ def test_a_budget_smaller_than_the_states_trains_by_chunks_never_exceeds_it_and_
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_inv_run_takes_the_chunked_route_shows_chunk_k_of_n_and_resumes_after_inv_stop(tmp_path: Path) -> None:
-    from remote.tiny_tokenizer import build_tokenizer
+    from remote.demo.tiny_tokenizer import build_tokenizer
     from benchmarks.harness.checkout import SAMPLES, Bench, copy_checkout, wait_for
 
     bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from remote import tiny_model
+from remote.demo import tiny_model
 from benchmarks.harness.checkout import REPO, Bench, copy_checkout
 from tests.pipeline_fixtures import demo_target  # noqa: F401 — a fixture
 

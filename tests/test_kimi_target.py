@@ -67,7 +67,7 @@ def test_kimi_states_stored_by_extract_equal_a_direct_forward_pass(kimi_extracte
 @pytest.fixture(scope="module")
 def kimi6(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 6-layer Kimi-shaped target: room for ids [2, 3, 4] and for [1, 2, 3] (inputs of layers 2..4)."""
-    from remote.tiny_kimi import build_kimi_model
+    from tests.tiny_kimi import build_kimi_model
 
     return build_kimi_model(tmp_path_factory.mktemp("kimi6"), 128, layers=6)
 

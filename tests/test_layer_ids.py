@@ -100,7 +100,7 @@ def build_tiny(arch: str, path: Path) -> Path:
     """A seeded random `arch` of N layers at toy size, saved like a downloaded model."""
     import transformers
 
-    from remote.tiny_kimi import build_kimi_model
+    from tests.tiny_kimi import build_kimi_model
 
     if arch == "KimiK25ForConditionalGeneration":
         return build_kimi_model(path, 128, layers=N)

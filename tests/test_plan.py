@@ -111,7 +111,7 @@ def test_a_budget_that_is_not_a_size_is_one_line() -> None:
 
 @pytest.mark.e2e
 def test_inv_plan_and_inv_run_s_refusal_through_the_real_tasks(tmp_path: Path) -> None:
-    from remote.tiny_tokenizer import build_tokenizer
+    from remote.demo.tiny_tokenizer import build_tokenizer
 
     bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local")
     tokenizer = tmp_path / "tokenizer"

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from remote.prep.validate import validate
-from remote.tiny_tokenizer import build_tokenizer
+from remote.demo.tiny_tokenizer import build_tokenizer
 from remote.wire import decode
 from benchmarks.harness.stage_settings import complete
 from tests.prep_fixtures import REPO, tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401

@@ -300,7 +300,8 @@ def test_the_online_route_on_the_host_names_the_settings_it_lacks(host: dict, tm
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_inv_run_on_the_online_route_trains_with_specforge_and_no_states_on_disk(host: dict, tmp_path: Path) -> None:
-    from remote import tiny_model, tiny_tokenizer
+    from remote.demo import tiny_tokenizer
+    from remote.demo import tiny_model
     from benchmarks.harness.checkout import SAMPLES, Bench, copy_checkout
 
     target = tmp_path / "target"

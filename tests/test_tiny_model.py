@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from remote import tiny_model, tiny_tokenizer
+from remote.demo import tiny_model, tiny_tokenizer
 from tests.pipeline_fixtures import demo_target  # noqa: F401 — a fixture
 
 

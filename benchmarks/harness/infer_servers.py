@@ -1,7 +1,7 @@
 """The infer stage's real parts, for the tests and the benchmarks: the tiny model on disk, its real
 OpenAI-compatible server on loopback, and the files and environment of an infer run.
 
-Nothing is downloaded: the model and tokenizer are built by `remote.tiny_model` and `remote.tiny_tokenizer`.
+Nothing is downloaded: the model and tokenizer are built by `remote.demo.tiny_model` and `remote.demo.tiny_tokenizer`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from benchmarks.harness.stage_settings import complete
 
 def build_tiny_model(path: Path) -> Path:
     """The project's tiny random Llama and Kimi-style tokenizer, in one directory `path`."""
-    from remote.tiny_model import build_model, tokenizer_vocab_size
-    from remote.tiny_tokenizer import build_tokenizer
+    from remote.demo.tiny_model import build_model, tokenizer_vocab_size
+    from remote.demo.tiny_tokenizer import build_tokenizer
 
     build_tokenizer(path)
     return build_model(path, vocab_size=tokenizer_vocab_size(path))

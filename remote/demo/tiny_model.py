@@ -5,7 +5,7 @@ weights and nothing is downloaded. With ``--tokenizer`` the tokenizer files are
 copied in beside the weights, so the directory loads with `AutoTokenizer` and
 `AutoModelForCausalLM` and serves with ``transformers serve``::
 
-    python -m remote.tiny_model OUT --tokenizer TOKDIR [--recite TEXT]
+    python -m remote.demo.tiny_model OUT --tokenizer TOKDIR [--recite TEXT]
 
 By default its weights are random. With ``--recite`` (what `inv demo` builds)
 they are wired by hand, with no training, so that its top next token is a
@@ -193,7 +193,7 @@ def copy_tokenizer(tokenizer_dir: Path, out: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m remote.tiny_model", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m remote.demo.tiny_model", description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="directory to write the model into")
     parser.add_argument("--tokenizer", type=Path, required=True, help="tokenizer directory (sizes the vocab; copied in)")
     parser.add_argument("--hidden", type=int, default=64, help="hidden size")
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--recite", metavar="TEXT", help="wire the weights to recite TEXT's tokens (see above)")
     args = parser.parse_args(argv)
     if not (args.tokenizer / "tokenizer_config.json").is_file() and not (args.tokenizer / "tokenizer.json").is_file():
-        raise SystemExit(f"no tokenizer in {args.tokenizer}: build one first (python -m remote.tiny_tokenizer)")
+        raise SystemExit(f"no tokenizer in {args.tokenizer}: build one first (python -m remote.demo.tiny_tokenizer)")
     vocab = tokenizer_vocab_size(args.tokenizer)
     recite = recital_ids(args.tokenizer, args.recite) if args.recite else []
     build_model(args.out, vocab, args.hidden, args.layers, args.heads, args.seed, recite=recite)

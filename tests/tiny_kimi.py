@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from remote.eagle3.target import LANGUAGE_PREFIX
-from remote.tiny_model import write_index
+from remote.demo.tiny_model import write_index
 
 ARCHITECTURE = "KimiK25ForConditionalGeneration"
 

@@ -8,7 +8,7 @@ a ``tool_declare`` turn, tool calls by id, a ``tool`` role, reasoning as
 ``<think>...</think>`` kept only after the last plain assistant turn) and, like
 Kimi's, no ``{% generation %}`` markers.
 
-Usage: ``python -m remote.tiny_tokenizer OUTDIR``.
+Usage: ``python -m remote.demo.tiny_tokenizer OUTDIR``.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def build_tokenizer(path: Path) -> Path:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m remote.tiny_tokenizer OUTDIR", file=sys.stderr)
+        print("usage: python -m remote.demo.tiny_tokenizer OUTDIR", file=sys.stderr)
         return 2
     out = build_tokenizer(Path(argv[0]))
     print(out)
