@@ -111,14 +111,14 @@ def offline(root: Path, target: Path, names: list[str]) -> dict[str, Any]:
             "forward_tokens": tokens}
 
 
-def chunked(root: Path, target: Path, names: list[str], passes: int) -> dict[str, Any]:
-    from remote import chunked as route
-    from remote.plan import bytes_per_token, stored_bytes
+def chunked_route(root: Path, target: Path, names: list[str], passes: int) -> dict[str, Any]:
+    from remote import chunked
+    from remote.sizing import bytes_per_token, stored_bytes
 
     tokens = sum(json.loads((root / "data" / n / "prep" / "manifest.json").read_text())["tokens"]["total"] for n in names)
     records = sum(json.loads((root / "data" / n / "prep" / "manifest.json").read_text())["kept"] for n in names)
     states = stored_bytes(tokens, records, bytes_per_token(EXTRACT["layers"], 64, EXTRACT["dtype"]))
-    budget = route.reserved(2) + states // 3
+    budget = chunked.reserved(2) + states // 3
     config = {"dataset": {}, "inventory": {"target": {"model": str(target)}},
               "prep_inputs": {n: str(root / "data" / n / "prep") for n in names},
               "stage": {"disk_budget": budget, "extract": settings("extract", {**EXTRACT, "passes": passes}),
@@ -141,8 +141,8 @@ def run(records: int = 150, rounds: int = 1) -> dict[str, Any]:
         for number in range(1, rounds + 1):
             measured: dict[str, Any] = {}
             for label, go in (("offline", lambda root: offline(root, target, names)),
-                              ("chunked_passes_1", lambda root: chunked(root, target, names, 1)),
-                              (f"chunked_passes_{EPOCHS}", lambda root: chunked(root, target, names, EPOCHS))):
+                              ("chunked_passes_1", lambda root: chunked_route(root, target, names, 1)),
+                              (f"chunked_passes_{EPOCHS}", lambda root: chunked_route(root, target, names, EPOCHS))):
                 root = work / label
                 shutil.rmtree(root, ignore_errors=True)
                 for name in names:

@@ -31,7 +31,7 @@ import torch
 
 from remote.eagle3 import draft_config
 from remote.eagle3.extractor import capture, decoder_of, sample
-from remote.eagle3.layers import captured
+from remote.eagle3.layer_ids import captured
 from remote.eagle3.model import Eagle3Draft
 from remote.eagle3.prep_input import Record
 from remote.eagle3.trainer import Batch, autocast, ttt_loss

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from local.inventory import Prep
-from remote.prep.pipeline import run_prep
-from remote.prep.settings import PrepSettings, Target
+from remote.prep.preparer import run_prep
+from remote.prep.prep_settings import PrepSettings, Target
 
 KIMI_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "kimi-k2.5-tokenizer"
 WORDS = (

@@ -1,4 +1,4 @@
-"""`inv run`: the whole pipeline as a plan of jobs, which the host's runner (remote/pipeline.py) executes.
+"""`inv run`: the whole pipeline as a plan of jobs, which the host's runner (remote/runner.py) executes.
 
 Per dataset: ``prep``; for a prompts dataset then ``infer`` (the target answers
 the prompts) and ``tokenize`` (prep over those answers); then ``extract``.
@@ -21,7 +21,7 @@ GPU_STAGES = {"infer", "extract", "train"}
 
 def node(spec: dict[str, Any], needs: list[str]) -> dict[str, Any]:
     stage = spec["stage"]
-    # NOTE: every node carries its executor; the host picks how the plan runs from it (remote.pipeline.start).
+    # NOTE: every node carries its executor; the host picks how the plan runs from it (remote.runner.start).
     return {"key": f"{spec['dataset']}/{stage}", "needs": needs, "gpu": stage in GPU_STAGES,
             "server": stage == "infer", "spec": spec}
 

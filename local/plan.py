@@ -1,4 +1,4 @@
-"""`inv plan`: tokens, the hidden states' size, the host's disk and the route that fits (`remote/plan.py`).
+"""`inv plan`: tokens, the hidden states' size, the host's disk and the route that fits (`remote/sizing.py`).
 
 The host reads prep's manifests, the target's config.json and its free disk;
 this side adds `inv validate`'s sample statistics for the datasets prep has not
@@ -20,7 +20,7 @@ from local.errors import AerieError
 from local.host import RemoteHost
 from local.visible import visible_all
 from local.inventory import Inventory
-from remote.plan import size_text, refusal
+from remote.sizing import size_text, refusal
 
 
 def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -119,7 +119,7 @@ def _package_inits(module: str, repo: Path) -> list[Path]:
 
 def tokenizer_digest(target: dict[str, Any], repo: Path = REPO) -> str:
     """The tokenizer's files here, or its hub id with the commit this machine's cache holds."""
-    name = target.get("tokenizer") or target.get("model")  # as remote.prep.settings.Target chooses
+    name = target.get("tokenizer") or target.get("model")  # as remote.prep.prep_settings.Target chooses
     if not name:
         return "none"
     path = Path(name).expanduser()

@@ -256,17 +256,17 @@ def _log_dir(root: Path, dataset: str, stage: str | None) -> Path:
 
 
 def check(args: dict[str, Any]) -> Any:
-    from remote import check as checks
+    from remote import preflight
 
-    return checks.run(args)
+    return preflight.run(args)
 
 
 def plan(args: dict[str, Any]) -> Any:
-    from remote import plan as planning
+    from remote import sizing
 
     try:
-        return planning.plan(args)
-    except planning.PlanError as exc:
+        return sizing.plan(args)
+    except sizing.PlanError as exc:
         raise HostError(str(exc)) from None
 
 

@@ -1,7 +1,7 @@
 """The chunked route: extract a chunk of records that fits the disk budget, train on it, delete it, go on.
 
 One job (``draft/chunked``) replaces every dataset's ``extract`` and the
-``draft/train`` job when the states do not fit on disk (`remote.plan`).
+``draft/train`` job when the states do not fit on disk (`remote.sizing`).
 
 **The plan** (``chunks.json``, made once per set of inputs and settings): the
 records the train stage would hold out (`remote.eagle3.heldout`'s hashing rule
@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from remote import plan as sizing
+from remote import sizing
 from remote.eagle3 import StageInputError
 from remote.eagle3.extractor import DTYPES
 from remote.progress import Progress, read_json, write_json_atomic
@@ -236,13 +236,13 @@ class Chunked:
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     def captured(self) -> list[int] | None:
-        """The HF hidden_states the layer ids name for this target (`remote.eagle3.layers`): states
+        """The HF hidden_states the layer ids name for this target (`remote.eagle3.layer_ids`): states
         kept under another meaning of the ids (aerie before SGLang's per-architecture rule) are not reused."""
-        from remote.eagle3 import layers
+        from remote.eagle3 import layer_ids
 
         model, ids = (self.ctx.shared_config.get("target") or {}).get("model"), self.extract.get("layers")
         try:
-            return layers.captured(ids, layers.target_architecture(Path(model))) if model and ids else None
+            return layer_ids.captured(ids, layer_ids.target_architecture(Path(model))) if model and ids else None
         except StageInputError:
             return None  # extract itself refuses the target, naming why
 

@@ -81,7 +81,7 @@ class ProcessExecutor(Executor):
     """A supervisor in a session of its own on this host; its pid is the job's process group."""
 
     name = "process"
-    queues = False  # waiting on other jobs is the pipeline runner's (remote.pipeline)
+    queues = False  # waiting on other jobs is the pipeline runner's (remote.runner)
 
     detaches = True  # many jobs are started by one detached process (processes.Starter)
 

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from remote import processes
 from remote.eagle3 import StageInputError
-from remote.eagle3 import layers as layer_ids
+from remote.eagle3 import layer_ids
 from remote.jobs import tail
 from remote.progress import write_json_atomic
 
@@ -169,7 +169,7 @@ def check_server_config(info: dict[str, Any], layers: list[int]) -> list[str]:
 
     `layers` are auxiliary layer ids as the draft's config gives them to SGLang
     (``eagle_config.eagle_aux_hidden_state_layer_ids``). What an id captures
-    depends on the target's architecture (`remote.eagle3.layers`), so the
+    depends on the target's architecture (`remote.eagle3.layer_ids`), so the
     server's draft and the extraction are compared by the decoder layers whose
     inputs they capture: a draft with no ids, or other ids, may still read the
     same states, and the same ids on another architecture may not.

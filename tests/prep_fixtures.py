@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from remote.prep.pipeline import Prepared, Preparer
-from remote.prep.settings import Target
+from remote.prep.preparer import Prepared, Preparer
+from remote.prep.prep_settings import Target
 from remote.demo.tiny_tokenizer import build_tokenizer
 from tests.settings import prep_settings
 

@@ -8,6 +8,6 @@ from benchmarks.harness.stage_settings import complete
 
 
 def prep_settings(**settings: Any) -> Any:
-    from remote.prep.settings import PrepSettings
+    from remote.prep.prep_settings import PrepSettings
 
     return PrepSettings.from_config(complete("prep", settings))

@@ -74,20 +74,20 @@ def test_check_passes_a_consistent_server_and_lists_packages(bench: Bench, tmp_p
 
 
 def test_the_disk_check_sizes_the_states_as_the_plan_does_in_the_configured_dtype(tmp_path: Path) -> None:
-    from remote import check, plan
+    from remote import preflight, sizing
     from tests.test_plan import KIMI_BYTES_PER_TOKEN, kimi_config, prep_manifest, request
 
     prep_manifest(tmp_path, "A", 1000, 3_000_000)
     prep_manifest(tmp_path, "B", 1000, 1_000_000, stage="tokenize")
     model = kimi_config(tmp_path / "kimi")
 
-    result = check.disk(tmp_path, ["A", "B"], [2, 30, 58], str(model), "bfloat16")
+    result = preflight.disk(tmp_path, ["A", "B"], [2, 30, 58], str(model), "bfloat16")
 
-    planned = plan.plan(request(tmp_path, model, [{"dataset": "A"}, {"dataset": "B"}]))["stored_bytes"]
-    assert planned == plan.stored_bytes(4_000_000, 2000, KIMI_BYTES_PER_TOKEN)  # states, ids and masks, framing
+    planned = sizing.plan(request(tmp_path, model, [{"dataset": "A"}, {"dataset": "B"}]))["stored_bytes"]
+    assert planned == sizing.stored_bytes(4_000_000, 2000, KIMI_BYTES_PER_TOKEN)  # states, ids and masks, framing
     assert f"need about {planned / 2**30:,.1f} GiB (4,000,000 tokens × 57,344 B in bfloat16" in result["detail"]
     # float32 states are twice as wide: the check follows stages.extract.dtype, as the plan does
-    wide = check.disk(tmp_path, ["A", "B"], [2, 30, 58], str(model), "float32")["detail"]
+    wide = preflight.disk(tmp_path, ["A", "B"], [2, 30, 58], str(model), "float32")["detail"]
     assert "4,000,000 tokens × 114,688 B in float32" in wide
-    assert check.disk(tmp_path, ["A"], [2, 30, 58], None, "bfloat16")["detail"].endswith(
+    assert preflight.disk(tmp_path, ["A"], [2, 30, 58], None, "bfloat16")["detail"].endswith(
         "no estimate yet (needs prep's token counts and the target's config)")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from remote.eval import report as reports
+from remote.eval import reports
 from remote.eval.sglang import Measurement, Setting, launch_command
 from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
 from tests.stages import sglang_standin as standin

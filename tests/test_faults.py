@@ -118,7 +118,7 @@ def test_stop_and_rerun_end_what_a_killed_supervisor_left_running(root: Path) ->
 
 def test_two_runs_of_a_job_never_take_each_others_temporary_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from remote.prep.normalise import Record
-    from remote.prep.pipeline import Prepared, Summary
+    from remote.prep.preparer import Prepared, Summary
     from remote.prep.tokenise import Tokens
     from remote.prep.write import OutputWriter
 

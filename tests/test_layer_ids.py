@@ -3,7 +3,7 @@
 The pinned SGLang wheel's model classes are imported on the CPU, in a child process
 (tests/sglang_real.py), and their ``set_eagle3_layers_to_capture`` is called on a stand-in holding only
 what it reads. What it captures -- the inputs of decoder layers, HF's
-``hidden_states[j]`` -- is compared with `remote.eagle3.layers` and with the
+``hidden_states[j]`` -- is compared with `remote.eagle3.layer_ids` and with the
 states aerie's extractor keeps from a tiny real model of each architecture.
 """
 
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from remote.eagle3 import StageInputError
-from remote.eagle3 import layers as layer_ids
+from remote.eagle3 import layer_ids
 from remote.eagle3.extractor import capture, decoder_of, load_target
 from tests import sglang_real
 from tests.sglang_real import sglang

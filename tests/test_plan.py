@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from remote import plan as planning
+from remote import sizing
 from benchmarks.harness.checkout import SAMPLES, Bench, copy_checkout
 
 KIMI_TEXT = {"hidden_size": 7168, "num_hidden_layers": 61, "vocab_size": 163840}
@@ -37,7 +37,7 @@ def test_the_plan_counts_prep_s_tokens_and_sizes_kimi_s_states(tmp_path: Path) -
     prep_manifest(tmp_path, "A1", 40_000, 120_000_000)
     prep_manifest(tmp_path, "B5", 48_000, 144_000_000, stage="tokenize")  # a prompts dataset's answers
 
-    result = planning.plan(request(tmp_path, model, [{"dataset": "A1"}, {"dataset": "B5"}]))
+    result = sizing.plan(request(tmp_path, model, [{"dataset": "A1"}, {"dataset": "B5"}]))
 
     assert result["datasets"] == [
         {"dataset": "A1", "records": 40_000, "tokens": 120_000_000, "basis": "prep"},
@@ -53,31 +53,31 @@ def test_the_route_is_offline_chunked_or_online_as_the_budget_shrinks(tmp_path: 
     model = kimi_config(tmp_path / "kimi")
     prep_manifest(tmp_path, "A1", 1000, 3_000_000)  # 3M tokens: 172 GB of states
     base = request(tmp_path, model, [{"dataset": "A1"}])
-    free = planning.plan(base)["free_bytes"]
-    stored = planning.plan(base)["stored_bytes"]
+    free = sizing.plan(base)["free_bytes"]
+    stored = sizing.plan(base)["stored_bytes"]
 
     if stored <= free:  # this machine's disk can hold 172 GB: offline under a budget that does too
-        assert planning.plan({**base, "disk_budget": stored})["route"] == "offline"
-    chunked = planning.plan({**base, "disk_budget": "40G"})
+        assert sizing.plan({**base, "disk_budget": stored})["route"] == "offline"
+    chunked = sizing.plan({**base, "disk_budget": "40G"})
     assert (chunked["route"], chunked["chunks"]) == ("chunked", -(-stored // 2**30 // 40))
     assert chunked["disk_budget"] == 40 * 2**30
     # Less than one 4k-token record (235 MB): nothing can be stored at all.
-    assert planning.plan({**base, "disk_budget": "100M"})["route"] == "online"
+    assert sizing.plan({**base, "disk_budget": "100M"})["route"] == "online"
 
 
 def test_a_route_that_cannot_fit_is_refused_naming_the_numbers_and_the_route_that_would(tmp_path: Path) -> None:
     model = kimi_config(tmp_path / "kimi")
     prep_manifest(tmp_path, "A1", 1000, 3_000_000)
 
-    offline = planning.plan(request(tmp_path, model, [{"dataset": "A1"}], disk_budget="40G", route="offline"))
-    why = planning.refusal(offline)
+    offline = sizing.plan(request(tmp_path, model, [{"dataset": "A1"}], disk_budget="40G", route="offline"))
+    why = sizing.refusal(offline)
     assert why is not None and "route offline does not fit" in why
     assert "3,000,000 tokens × 57,344 B" in why and "40.0 GiB" in why and f"the route that fits is chunked ({offline['chunks']} chunks)" in why
     # auto takes what fits; chunked when offline would fit is fine (it fits too)
-    assert planning.refusal({**offline, "configured_route": "auto"}) is None
-    online = planning.plan(request(tmp_path, model, [{"dataset": "A1"}], disk_budget="100M"))
-    assert "online route needs stages.train.engine specforge" in planning.refusal(online)
-    assert planning.refusal({**online, "engine": "specforge"}) is None
+    assert sizing.refusal({**offline, "configured_route": "auto"}) is None
+    online = sizing.plan(request(tmp_path, model, [{"dataset": "A1"}], disk_budget="100M"))
+    assert "online route needs stages.train.engine specforge" in sizing.refusal(online)
+    assert sizing.refusal({**online, "engine": "specforge"}) is None
 
 
 def test_before_prep_the_sample_statistics_are_scaled_by_the_source_s_rows(tmp_path: Path) -> None:
@@ -86,7 +86,7 @@ def test_before_prep_the_sample_statistics_are_scaled_by_the_source_s_rows(tmp_p
     source.write_text("{}\n" * 500)
     sample = {"rows": 10, "kept": 8, "mean_tokens": 3000.0}
 
-    result = planning.plan(request(tmp_path, model, [
+    result = sizing.plan(request(tmp_path, model, [
         {"dataset": "A1", "rows": 88_000, "estimate": sample},
         {"dataset": "B5", "source": str(source), "estimate": sample, "answer_tokens": 1000},
         {"dataset": "C1", "source": "org/hub-only"},
@@ -101,12 +101,12 @@ def test_before_prep_the_sample_statistics_are_scaled_by_the_source_s_rows(tmp_p
 @pytest.mark.parametrize("text, expected", [("500G", 500 * 2**30), ("1.5T", int(1.5 * 2**40)), ("800GiB", 800 * 2**30),
                                             (12345, 12345), (None, None)])
 def test_disk_budgets_read_as_bytes_or_sizes(text, expected) -> None:
-    assert planning.parse_size(text) == expected
+    assert sizing.parse_size(text) == expected
 
 
 def test_a_budget_that_is_not_a_size_is_one_line() -> None:
-    with pytest.raises(planning.PlanError, match=r"disk_budget 'lots': expected bytes or a size such as 500G"):
-        planning.parse_size("lots")
+    with pytest.raises(sizing.PlanError, match=r"disk_budget 'lots': expected bytes or a size such as 500G"):
+        sizing.parse_size("lots")
 
 
 @pytest.mark.e2e
@@ -180,16 +180,16 @@ def test_each_route_s_cost_is_the_target_s_loads_and_forward_passes_and_the_time
     prep_manifest(tmp_path, "B5", 48_000, 144_000_000)
     base = request(tmp_path, model, [{"dataset": "A1"}, {"dataset": "B5"}], disk_budget="2T", epochs=10, passes=1)
 
-    costs = planning.plan(base)["costs"]
+    costs = sizing.plan(base)["costs"]
 
-    assert planning.plan(base)["route"] == "chunked"
+    assert sizing.plan(base)["route"] == "chunked"
     assert costs["offline"] == {"target_loads": 2, "passes": 1, "forward_tokens": 264_000_000,
                                 "trained_tokens": 2_640_000_000, "hours": None}
     assert costs["chunked"] == {**costs["offline"], "target_loads": 1}  # loaded once, each record read once
     assert costs["online"]["forward_tokens"] == 2_640_000_000  # the served target reads every record every epoch
     # re-extracting every epoch, through an extract command that loads the target itself each time
-    again = planning.plan({**base, "passes": 10, "resident": False})["costs"]["chunked"]
-    chunks = planning.plan(base)["chunks"]
+    again = sizing.plan({**base, "passes": 10, "resident": False})["costs"]["chunked"]
+    chunks = sizing.plan(base)["chunks"]
     assert again["forward_tokens"] == 2_640_000_000 and again["target_loads"] == chunks * 10
 
 
@@ -202,7 +202,7 @@ def test_the_time_of_each_route_comes_from_the_throughput_a_previous_run_measure
     (chunked / "manifest.json").write_text(json.dumps({"extracted_tokens": 1_000_000, "extract_seconds": 100.0,
                                                        "trained_tokens": 4_000_000, "train_seconds": 400.0}))
 
-    result = planning.plan(request(tmp_path, model, [{"dataset": "A1"}], disk_budget="2T", epochs=2, passes=1))
+    result = sizing.plan(request(tmp_path, model, [{"dataset": "A1"}], disk_budget="2T", epochs=2, passes=1))
 
     assert result["throughput"]["from"] == "draft/chunked"
     seconds = 120_000_000 / 10_000 + 240_000_000 / 10_000  # forward 1 pass, train 2 epochs, 10k tok/s each
@@ -219,7 +219,7 @@ def test_inv_plan_s_table_says_unknown_where_no_run_measured_the_time_and_hours_
 
     model = kimi_config(tmp_path / "kimi")
     prep_manifest(tmp_path, "A1", 40_000, 120_000_000)
-    result = planning.plan(request(tmp_path, model, [{"dataset": "A1"}], disk_budget="2T", epochs=2))
+    result = sizing.plan(request(tmp_path, model, [{"dataset": "A1"}], disk_budget="2T", epochs=2))
 
     def shown(result: dict) -> str:
         out = io.StringIO()

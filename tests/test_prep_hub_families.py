@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from remote.prep.normalise import Skip, normalise
-from remote.prep.settings import Target
+from remote.prep.prep_settings import Target
 from remote.prep.template import tool_declaration
 from remote.prep.tools import normalise_tools, without_nulls
 from tests.needs import need

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from remote.prep.settings import Target
+from remote.prep.prep_settings import Target
 from remote.prep.template import ChatTemplate
 from tests.needs import need
 from tests.prep_fixtures import (

@@ -8,8 +8,8 @@ import pytest
 
 from remote.prep.errors import PrepError
 from remote.prep.load import Malformed, Source, iter_rows
-from remote.prep.pipeline import run_prep
-from remote.prep.settings import Target
+from remote.prep.preparer import run_prep
+from remote.prep.prep_settings import Target
 from tests.settings import prep_settings
 from tests.prep_fixtures import FIXTURES, read_rows, tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401
 

@@ -147,8 +147,8 @@ def test_truncation_that_leaves_no_assistant_token_skips_the_record(tiny_tokeniz
 
 def test_a_template_error_skips_the_row_with_the_templates_message(tiny_tokenizer):
     # The normaliser only produces known roles, so make the template itself refuse one.
-    from remote.prep.pipeline import Preparer
-    from remote.prep.settings import Target
+    from remote.prep.preparer import Preparer
+    from remote.prep.prep_settings import Target
     from tests.settings import prep_settings
 
     preparer = Preparer("native", "T", Target(), prep_settings(), tiny_tokenizer)
@@ -168,7 +168,7 @@ def test_a_boundary_inside_a_token_skips_the_record_rather_than_guess(tiny_token
 
 
 def test_a_template_that_changes_the_content_it_renders_gets_no_shortcut_and_still_exact_records(tiny_tokenizer_dir):
-    from remote.prep.settings import Target
+    from remote.prep.prep_settings import Target
 
     tokenizer = Target(str(tiny_tokenizer_dir)).load()
     tokenizer.chat_template = tokenizer.chat_template.replace("{{ message.content or '' }}", "{{ (message.content or '') | trim }}")
@@ -181,7 +181,7 @@ def test_a_template_that_changes_the_content_it_renders_gets_no_shortcut_and_sti
 
 
 def test_a_template_whose_contexts_are_not_prefixes_of_each_other_has_every_turn_checked_by_rendering(tiny_tokenizer_dir):
-    from remote.prep.settings import Target
+    from remote.prep.prep_settings import Target
 
     tokenizer = Target(str(tiny_tokenizer_dir)).load()
     # Tool results before the last plain answer are elided, as Kimi elides reasoning: a later

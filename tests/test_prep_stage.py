@@ -221,7 +221,7 @@ def test_the_manifest_counts_turns_records_and_learned_reasoning(tmp_path, monke
 
 
 def test_the_tokenize_stage_renders_contexts_with_the_infer_stages_template_kwargs(tmp_path, monkeypatch, tiny_tokenizer_dir):
-    from remote.prep.settings import Target
+    from remote.prep.prep_settings import Target
 
     release = _release(tmp_path, tiny_tokenizer_dir, [])
     row = {"id": "p-1", "conversations": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]}

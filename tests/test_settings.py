@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from local.inventory import Stages
-from remote.infer.settings import InferSettings, SettingsError
+from remote.infer.infer_settings import InferSettings, SettingsError
 from remote.prep.errors import PrepError
-from remote.prep.settings import PrepSettings
+from remote.prep.prep_settings import PrepSettings
 from remote.settings import need
 from benchmarks.harness.checkout import REPO
 from benchmarks.harness.stage_settings import complete

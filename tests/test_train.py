@@ -61,10 +61,10 @@ def test_every_epoch_measures_the_draft_on_held_out_records_and_plots_the_curves
 
 
 def test_inv_eval_asks_the_server_the_prompts_of_the_held_out_records(trained: dict) -> None:
-    from remote.eval import prompts
+    from remote.eval import prompt_source
 
     held = json.loads((trained["output"] / "heldout.json").read_text())
-    asked = prompts.from_training(trained["output"], limit=10)
+    asked = prompt_source.from_training(trained["output"], limit=10)
 
     assert len(held) == 2 and len(asked) == 2
     for name, prompt in zip(held, asked):

@@ -10,7 +10,7 @@ draft built for three -- so both stages compare them before any work.
 The draft's ``eagle_config.eagle_aux_hidden_state_layer_ids`` are
 ``stages.extract.layers`` as given: SGLang hands those ids to the target's
 ``set_eagle3_layers_to_capture``, and extract stored what that captures for
-the target's architecture (`remote.eagle3.layers`), so the same ids mean the
+the target's architecture (`remote.eagle3.layer_ids`), so the same ids mean the
 same states on both sides.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from remote.eagle3 import StageInputError
-from remote.eagle3.layers import EAGLE3_AUX_LAYERS, feature_width
+from remote.eagle3.layer_ids import EAGLE3_AUX_LAYERS, feature_width
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 

@@ -3,7 +3,7 @@
 One forward pass per batch with hooks on exactly what is kept: the inputs of
 the decoder layers SGLang captures for the configured ids (HF's
 ``hidden_states[j]`` for each captured layer ``j``; which ``j`` an id means
-depends on the architecture, see `remote.eagle3.layers`), concatenated in
+depends on the architecture, see `remote.eagle3.layer_ids`), concatenated in
 layer order, and the final norm's output (what the lm_head reads and what SpecForge stores as
 ``hidden_state``). ``output_hidden_states`` would keep every layer's states for
 the batch -- 62 tensors of ``B x T x 7168`` for Kimi-K2.5 when 4 are needed --
@@ -120,7 +120,7 @@ def hooks(decoder, inputs: list[int]) -> Iterator[dict[Any, Any]]:
 def capture(decoder, batch: Sequence[Sequence[int]], inputs: list[int], device: str) -> list[tuple[Any, Any]]:
     """(aux (T, len(inputs) * H), final (T, H)) per sequence, padding cut off, on the CPU.
 
-    `inputs` are the decoder layers whose inputs are kept (`remote.eagle3.layers.captured`).
+    `inputs` are the decoder layers whose inputs are kept (`remote.eagle3.layer_ids.captured`).
     """
     import torch
 

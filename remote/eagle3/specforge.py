@@ -28,7 +28,7 @@ generations exist, and the one on the host is detected:
 
 Either way train's output is ``<output>/draft/``, a draft SGLang loads, whose
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SGLang's convention, see
-`remote.eagle3.layers`) equals the layers the states were captured with.
+`remote.eagle3.layer_ids`) equals the layers the states were captured with.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from remote.infer.settings import InferSettings
+from remote.infer.infer_settings import InferSettings
 
 #: HTTP statuses worth another attempt: the server is busy, restarting or overloaded.
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}

@@ -9,7 +9,7 @@ Usage: ``python -m remote.prep.validate '<json>'`` (or ``-``: the JSON on stdin)
 Prints, through `remote.wire.emit`, a list with one entry per dataset:
 ``{"dataset", "kind", "formats", "rows", "kept", "skipped", "skip_reasons",
 "mean_tokens", "dropped_fields", "tool_declarations", "error", ...}`` (the counts of
-`remote.prep.pipeline.Summary.counts`). A dataset that cannot be checked (no sample file, a
+`remote.prep.preparer.Summary.counts`). A dataset that cannot be checked (no sample file, a
 tokenizer that does not load) gets an entry with `error` set, never a crash;
 the workstation decides what fails. Nothing is written to disk.
 """
@@ -24,8 +24,8 @@ from typing import Any
 
 from remote.prep.errors import PrepError
 from remote.prep.load import Source, iter_rows
-from remote.prep.pipeline import Summary, run_prep
-from remote.prep.settings import PrepSettings, Target
+from remote.prep.preparer import Summary, run_prep
+from remote.prep.prep_settings import PrepSettings, Target
 from remote.wire import emit
 
 

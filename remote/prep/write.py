@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from remote.prep.pipeline import Prepared
+from remote.prep.preparer import Prepared
 from remote.progress import write_json_atomic
 from remote.scratch import TMP_PREFIX, temporary_name
 

@@ -50,8 +50,8 @@ DEFAULT_COMMANDS = {
     "eval": "{python} -m remote.stages.eval",
     # The chunked route: extract a chunk, train on it, delete it, for every chunk (remote.chunked).
     "chunked": "{python} -m remote.chunked",
-    # `inv run`'s pipeline runner, itself a supervised job (remote.pipeline).
-    "run": "{python} -m remote.pipeline",
+    # `inv run`'s pipeline runner, itself a supervised job (remote.runner).
+    "run": "{python} -m remote.runner",
 }
 
 

@@ -5,7 +5,7 @@ setting of ``stages.eval.grid`` with the draft (``--speculative-algorithm
 EAGLE3``), sends the same held-out prompts through ``/generate`` (greedy, a
 fixed ``max_new_tokens``), and reports per setting the acceptance length
 (Σ completion_tokens / Σ spec_verify_ct), the output tokens per second and
-the speed-up against the run without speculation (`remote.eval.report`).
+the speed-up against the run without speculation (`remote.eval.reports`).
 
 Settings (``stages.eval``, complete from the workstation): ``launcher``,
 ``model``, ``port``, ``server_args``, ``server_env``, ``server_start_timeout``,
@@ -30,8 +30,8 @@ from typing import Any, Iterator
 
 from remote import processes, server, stages
 from remote.eagle3 import StageInputError
-from remote.eval import prompts as prompt_source
-from remote.eval import report as reports
+from remote.eval import prompt_source
+from remote.eval import reports
 from remote.eval.sglang import (GenerateError, Measurement, Setting, batching_warnings, launch_command, measure,
                                 server_args)
 from remote.progress import Progress, read_json, write_json_atomic

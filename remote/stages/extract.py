@@ -7,7 +7,7 @@ Settings (``stages.extract`` in the inventory, passed in ``AERIE_CONFIG``):
   model code for the target's architecture captures -- for Llama and Qwen the
   output of layer ``i`` (HF's ``hidden_states[i + 1]``), for DeepSeek-V3 and
   Kimi-K2.5 the input of layer ``i`` (``hidden_states[i]``) unless the first
-  id is 1 (see `remote.eagle3.layers`).
+  id is 1 (see `remote.eagle3.layer_ids`).
 - ``dtype``: the dtype the target runs and the states are stored in.
 - ``batch_size``, ``shard_size``: records per forward pass and per shard.
 - ``draft_config`` (or ``stages.train.draft_config`` when the control plane
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from remote.eagle3 import StageInputError
-from remote.eagle3 import draft_config as drafts
+from remote.eagle3 import draft_config
 from remote.eagle3.extractor import DTYPES, decoder_of, extract, load_target
-from remote.eagle3 import layers as layer_ids
+from remote.eagle3 import layer_ids
 from remote.eagle3.prep_input import read_manifest, read_records
 from remote.eagle3.shards import ShardStore
 from remote.eagle3.target import TargetShape, best_device, read_shape, target_settings
@@ -70,10 +70,10 @@ def plan(ctx: StageContext) -> ExtractPlan:
     shape = read_shape(path)
     arch = layer_ids.target_architecture(path)
     layer_ids.validate_layers(layers, shape.num_layers, arch)
-    draft_path = drafts.draft_config_path(settings, ctx.shared_config)
-    draft = drafts.load(draft_path) if draft_path else None
+    draft_path = draft_config.draft_config_path(settings, ctx.shared_config)
+    draft = draft_config.load(draft_path) if draft_path else None
     source = f"draft config {draft_path}" if draft_path else "an EAGLE-3 draft (3 x hidden)"
-    width = drafts.check_width(layers, shape.hidden_size, draft, source)
+    width = draft_config.check_width(layers, shape.hidden_size, draft, source)
     return ExtractPlan(
         layers=layers,
         architecture=arch,

@@ -17,8 +17,8 @@ from typing import Any
 from remote.prep.errors import PrepError
 from remote.prep.count import estimate_rows
 from remote.prep.load import Source, iter_rows
-from remote.prep.pipeline import Summary, kept_ratio_failure, run_prep
-from remote.prep.settings import PrepSettings, Target
+from remote.prep.preparer import Summary, kept_ratio_failure, run_prep
+from remote.prep.prep_settings import PrepSettings, Target
 from remote.prep.write import OutputWriter
 from remote.progress import Progress, read_json
 from remote.stages import StageContext

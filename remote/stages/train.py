@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from remote.eagle3 import StageInputError, read_upstream_manifest
-from remote.eagle3 import draft_config as drafts
+from remote.eagle3 import draft_config
 from remote.eagle3 import heldout, plot, specforge
 from remote.eagle3.shards import ShardStore, load_sample
 from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
@@ -86,20 +86,20 @@ def draft_for(ctx: StageContext, extracted: dict[str, Any], vocab_size: int, tar
     settings = ctx.stage_config
     layers = list(extracted["layers"])
     draft_vocab = min(int(need(settings, "train", "draft_vocab_size", StageInputError)), vocab_size)
-    path = drafts.draft_config_path(settings, ctx.shared_config)
+    path = draft_config.draft_config_path(settings, ctx.shared_config)
     if path is None:
-        config = drafts.build(target_config, layers, draft_vocab)
+        config = draft_config.build(target_config, layers, draft_vocab)
         source = "the draft config built from the target"
     else:
-        config = drafts.finalize(drafts.load(path), layers, vocab_size, draft_vocab)
+        config = draft_config.finalize(draft_config.load(path), layers, vocab_size, draft_vocab)
         source = f"draft config {path}"
-    if drafts.expected_width(config) != int(extracted["width"]):
+    if draft_config.expected_width(config) != int(extracted["width"]):
         raise StageInputError(
             f"feature width mismatch: the extracted states are {extracted['width']} wide "
-            f"(layers {layers} x hidden {extracted['hidden_size']}) but {source} expects {drafts.expected_width(config)}; "
+            f"(layers {layers} x hidden {extracted['hidden_size']}) but {source} expects {draft_config.expected_width(config)}; "
             "rerun extract with the draft's layers or fix the draft config"
         )
-    drafts.check_width(layers, int(extracted["hidden_size"]), config, source)
+    draft_config.check_width(layers, int(extracted["hidden_size"]), config, source)
     return config
 
 
@@ -305,14 +305,14 @@ def _specforge_job(ctx: StageContext, extracted: dict[str, Any] | None, generati
     if extracted and generation == "current" and extracted.get("dtype") not in (None, "bfloat16"):
         raise StageInputError(f"engine specforge trains on bfloat16 states (its target head is bfloat16) but extract stored "
                               f"{extracted['dtype']}: set stages.extract.dtype: bfloat16 and rerun extract")
-    draft_path = drafts.draft_config_path(settings, ctx.shared_config)
-    draft = drafts.load(draft_path)
-    drafts.check_width(layers, shape.hidden_size, draft, f"draft config {draft_path}")
+    draft_path = draft_config.draft_config_path(settings, ctx.shared_config)
+    draft = draft_config.load(draft_path)
+    draft_config.check_width(layers, shape.hidden_size, draft, f"draft config {draft_path}")
     ctx.output.mkdir(parents=True, exist_ok=True)
     draft_vocab = min(int(need(settings, "train", "draft_vocab_size", StageInputError)), shape.vocab_size)
     # NOTE: the draft SpecForge trains names the captured layers, so its export does too.
     finalized = ctx.output / "draft-config.json"
-    write_json_atomic(finalized, drafts.finalize(draft, layers, shape.vocab_size, draft_vocab))
+    write_json_atomic(finalized, draft_config.finalize(draft, layers, shape.vocab_size, draft_vocab))
     online = extracted is None
     prompts = mapping = None
     identity = f"{(extracted or {}).get('records')} records in {', '.join(map(str, ctx.inputs('extract')))}" if extracted else ""

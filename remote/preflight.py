@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from remote import plan, server
+from remote import server, sizing
 
 # NOTE: tiktoken is what Kimi-K2.5's own tokenizer (trust_remote_code) is built on.
 PACKAGES = ("datasets", "transformers", "tokenizers", "tiktoken", "torch", "pyarrow", "safetensors")
@@ -50,15 +50,15 @@ def gpus() -> dict[str, Any]:
 
 
 def disk(root: Path, datasets: list[str], layers: list[int], model: str | None, dtype: str) -> dict[str, Any]:
-    """Free space against the hidden states' size, sized as `inv plan` sizes them (`plan.stored_bytes`)."""
+    """Free space against the hidden states' size, sized as `inv plan` sizes them (`sizing.stored_bytes`)."""
     free = shutil.disk_usage(root if root.exists() else root.parent).free
-    width = plan.hidden_size(model)
-    manifests = [m for m in (plan.prep_manifest(root / "data" / name) for name in datasets) if m]
+    width = sizing.hidden_size(model)
+    manifests = [m for m in (sizing.prep_manifest(root / "data" / name) for name in datasets) if m]
     tokens = sum(int(m["tokens"]["total"]) for m in manifests)
     if not width or not tokens:
         return check("disk", True, f"{free / 2**30:,.1f} GiB free; no estimate yet (needs prep's token counts and the target's config)")
-    per_token = plan.bytes_per_token(layers, width, dtype)
-    need = plan.stored_bytes(tokens, sum(int(m.get("kept") or 0) for m in manifests), per_token)
+    per_token = sizing.bytes_per_token(layers, width, dtype)
+    need = sizing.stored_bytes(tokens, sum(int(m.get("kept") or 0) for m in manifests), per_token)
     detail = (f"{free / 2**30:,.1f} GiB free, hidden states need about {need / 2**30:,.1f} GiB ({tokens:,} tokens × "
               f"{per_token:,} B in {dtype}, with ids and file framing)")
     # NOTE: a warning: the chunked and online routes need far less than all the states (`inv plan`).

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from remote.prep.load import Malformed
 from remote.prep.normalise import Record, Skip, normalise
-from remote.prep.settings import PrepSettings, Target
+from remote.prep.prep_settings import PrepSettings, Target
 from remote.prep.sequences import Sequence, sequences
 from remote.prep.template import ChatTemplate, tool_declaration
 from remote.prep.tokenise import Encoder, EncodingStats, Tokens
