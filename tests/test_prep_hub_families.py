@@ -14,12 +14,11 @@ from typing import Any
 import pytest
 
 from remote.prep.normalise import Skip, normalise
-from remote.prep.settings import Target
 from remote.prep.template import tool_declaration
 from remote.prep.tools import normalise_tools, without_nulls
-from tests.needs import need
 from tests.prep_fixtures import (
-    AGENT_WITH_THOUGHTS, ARROW_TOOL_ROWS, GLAIVE_TOOLS, IMAGE_ROWS, KIMI_DIR, LLAVA_TEXT_ROW, assistant_turns,
+    kimi_tokenizer,
+    AGENT_WITH_THOUGHTS, ARROW_TOOL_ROWS, GLAIVE_TOOLS, IMAGE_ROWS, LLAVA_TEXT_ROW, assistant_turns,
     check_records, masked_runs, prepare, sample_rows, through_arrow,
 )
 
@@ -28,14 +27,7 @@ FAMILIES = ["glaive_toolcall", "reasoning_tool_parts"]
 
 @pytest.fixture(scope="module")
 def kimi() -> Any:
-    def require() -> None:
-        import tiktoken  # noqa: F401  (Kimi's tokenizer imports it)
-
-        if not (KIMI_DIR / "tiktoken.model").is_file():
-            raise FileNotFoundError(f"Kimi-K2.5's tokenizer is not at {KIMI_DIR}")
-
-    need(require, (ImportError, FileNotFoundError), "Kimi-K2.5's tokenizer and tiktoken")
-    return Target(str(KIMI_DIR), trust_remote_code=True).load()
+    return kimi_tokenizer()
 
 
 # -- ShareGPT-style tool calling (LLaMA-Factory's glaive conversion) --------------------------
