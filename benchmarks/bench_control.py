@@ -250,9 +250,9 @@ def over_link(bench: Bench, work: Path, rtt: float, repeat: int, all_ended: Call
 
 
 def _specs(bench: Bench) -> list[dict[str, Any]]:
-    from local import jobs
+    from local import job_specs
 
-    return jobs.specs(load(str(bench.checkout / "inventories" / "test.yaml")), "prep", None)
+    return job_specs.specs(load(str(bench.checkout / "inventories" / "test.yaml")), "prep", None)
 
 
 if __name__ == "__main__":

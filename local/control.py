@@ -7,9 +7,9 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from local import jobs, pipeline, status_data
+from local import job_specs, pipeline, status_data
 from local.cli import RICH_SYNTAX
-from local.errors import AerieError
+from local.exceptions import AerieError
 from local.host import RemoteHost
 from local.visible import VisibleStream, visible
 from remote.states import BAD, JobState
@@ -81,7 +81,7 @@ def launch(host: RemoteHost, console: Console, stage: str, datasets: list[str] |
     names = mine(host, datasets)
     if names == [] or not host.inventory.datasets:
         return []
-    results = host.call("launch", specs=jobs.specs(host.inventory, stage, names))
+    results = host.call("launch", specs=job_specs.specs(host.inventory, stage, names))
     report(console, results, "launched")
     return results
 
@@ -92,7 +92,7 @@ def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages
     if names == []:
         return []
     results = host.call(
-        "rerun", specs=jobs.all_specs(inventory), states=sorted(s.value for s in BAD),
+        "rerun", specs=job_specs.all_specs(inventory), states=sorted(s.value for s in BAD),
         datasets=names, stages=stages,
     )
     relaunched = [r for r in results if r["launched"]]
@@ -161,7 +161,7 @@ def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
     inventory = host.inventory
     results = host.call("check", layers=inventory.stages.extract.layers, dtype=inventory.stages.extract.dtype,
                         datasets=list(inventory.datasets),
-                        model=jobs.on_host(inventory.target.model_dump(), host.root)["model"],
+                        model=job_specs.on_host(inventory.target.model_dump(), host.root)["model"],
                         server_url=inventory.stages.infer.server_url)
     from rich.table import Table
     from rich.text import Text

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 from local.connections import shared
-from local.errors import AerieError
+from local.exceptions import AerieError
 from local.host import RemoteHost
 from local.inventory_cache import load
 from local.visible import visible

@@ -6,7 +6,7 @@ import json
 import shlex
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from local.errors import AerieError, NotDeployed
+from local.exceptions import AerieError, NotDeployed
 from local.paths import ENV_NAME, REPO
 from local.transport import Result, Transport, open_transport
 from remote.wire import decode

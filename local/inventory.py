@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from local.errors import AerieError
+from local.exceptions import AerieError
 from local.paths import ENV_NAME, INVENTORIES, REPO, resolve_path  # noqa: F401 (also this module's API)
 
 

@@ -24,7 +24,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from local.errors import AerieError
+from local.exceptions import AerieError
 from local.transport import Result, known_hosts, refuse_non_loopback, run_process
 
 if TYPE_CHECKING:

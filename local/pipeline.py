@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from local import jobs, routes
+from local import job_specs, routes
 
 if TYPE_CHECKING:
     from local.inventory import Inventory
@@ -28,17 +28,17 @@ def node(spec: dict[str, Any], needs: list[str]) -> dict[str, Any]:
 
 def dataset_nodes(inventory: Inventory, name: str) -> list[dict[str, Any]]:
     data = f"{inventory.host.root}/data/{name}"
-    nodes = [node(jobs.placed(inventory, jobs.spec(inventory, name, "prep")), [])]
+    nodes = [node(job_specs.placed(inventory, job_specs.spec(inventory, name, "prep")), [])]
     tokens = "prep"
     if inventory.datasets[name].kind == "prompts":
-        nodes.append(node(jobs.placed(inventory, jobs.spec(inventory, name, "infer")), [f"{name}/prep"]))
-        tokenize = jobs.placed(inventory, jobs.spec(inventory, name, "prep")) | {"stage": "tokenize",
+        nodes.append(node(job_specs.placed(inventory, job_specs.spec(inventory, name, "infer")), [f"{name}/prep"]))
+        tokenize = job_specs.placed(inventory, job_specs.spec(inventory, name, "prep")) | {"stage": "tokenize",
                                                          "source": f"{data}/infer/conversations.jsonl", "kind": "native"}
         tokenize["config"] = tokenize["config"] | {"dataset": {**tokenize["config"]["dataset"], "kind": "native",
                                                                "source": tokenize["source"]}}
         nodes.append(node(tokenize, [f"{name}/infer"]))
         tokens = "tokenize"
-    extract = jobs.placed(inventory, jobs.spec(inventory, name, "extract"))
+    extract = job_specs.placed(inventory, job_specs.spec(inventory, name, "extract"))
     extract["config"]["inputs"] = [f"{data}/{tokens}"]
     nodes.append(node(extract, [f"{name}/{tokens}"]))
     return nodes
@@ -47,7 +47,7 @@ def dataset_nodes(inventory: Inventory, name: str) -> list[dict[str, Any]]:
 def plan(inventory: Inventory, datasets: list[str] | None) -> list[dict[str, Any]]:
     names = inventory.select(datasets)
     nodes = [n for name in names for n in dataset_nodes(inventory, name)]
-    train = jobs.placed(inventory, jobs.spec(inventory, names[0], "train")) | {"dataset": DRAFT, "source": "", "kind": "native"}
+    train = job_specs.placed(inventory, job_specs.spec(inventory, names[0], "train")) | {"dataset": DRAFT, "source": "", "kind": "native"}
     train["config"]["inputs"] = [f"{inventory.host.root}/data/{name}/extract" for name in names]
     nodes.append(node(train, [f"{name}/extract" for name in names]))
     return routes.apply(inventory, nodes)

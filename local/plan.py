@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from local import jobs, validate as validating
-from local.errors import AerieError
+from local import job_specs, validate as validating
+from local.exceptions import AerieError
 from local.host import RemoteHost
 from local.visible import visible_all
 from local.inventory import Inventory
@@ -27,7 +27,7 @@ def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]
     extract, train, prep = inventory.stages.extract, inventory.stages.train, inventory.stages.prep
     return {
         "root": root,
-        "model": jobs.on_host(inventory.target.model_dump(), root)["model"],
+        "model": job_specs.on_host(inventory.target.model_dump(), root)["model"],
         "layers": extract.layers, "dtype": extract.dtype, "disk_budget": extract.disk_budget,
         "route": extract.route, "engine": train.engine, "max_length": prep.max_length,
         "epochs": train.epochs, "passes": extract.passes or train.epochs, "resident": extract.command is None,

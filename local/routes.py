@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from local import jobs
+from local import job_specs
 
 if TYPE_CHECKING:
     from local.inventory import Inventory
@@ -36,14 +36,14 @@ def apply(inventory: Inventory, nodes: list[dict[str, Any]]) -> list[dict[str, A
         config.pop("inputs", None)
         config["stage"]["layers"] = inventory.stages.extract.layers  # what SGLang captures for the draft
         return kept + [{**train, "needs": needs}]
-    spec = jobs.placed(inventory, jobs.spec(inventory, next(iter(inventory.datasets)), "extract")) | {
+    spec = job_specs.placed(inventory, job_specs.spec(inventory, next(iter(inventory.datasets)), "extract")) | {
         "dataset": DRAFT, "stage": "chunked", "command": None, "source": "", "kind": "native"}
     extract, training = inventory.stages.extract, inventory.stages.train
     spec["stall_after"] = max(extract.stall_after, training.stall_after)
     spec["config"] = {
         "dataset": {}, "inventory": spec["config"]["inventory"], "prep_inputs": preps,
         "stage": {"disk_budget": extract.disk_budget,
-                  "extract": jobs.on_host(extract.model_dump(exclude={"stall_after"}), inventory.host.root),
-                  "train": jobs.on_host(training.model_dump(exclude={"stall_after"}), inventory.host.root)},
+                  "extract": job_specs.on_host(extract.model_dump(exclude={"stall_after"}), inventory.host.root),
+                  "train": job_specs.on_host(training.model_dump(exclude={"stall_after"}), inventory.host.root)},
     }
     return kept + [{"key": f"{DRAFT}/chunked", "needs": needs, "gpu": True, "server": False, "spec": spec}]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import paramiko
 from fabric import Config, Connection
 
-from local.errors import AerieError
+from local.exceptions import AerieError
 from local.transport import Result, known_hosts, refuse_non_loopback
 
 if TYPE_CHECKING:

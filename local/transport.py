@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
-from local.errors import AerieError
+from local.exceptions import AerieError
 
 if TYPE_CHECKING:  # the schema (pydantic) stays unimported on the fast path: local/inventory_cache.py
     from local.inventory import Host

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from local import jobs
-from local.errors import AerieError
+from local import job_specs
+from local.exceptions import AerieError
 from local.validate_cache import ValidationCache, keys as cache_keys
 from local.visible import visible, visible_all
 from local.paths import INVENTORIES, REPO
@@ -42,7 +42,7 @@ def sample_of(inventory: Inventory, name: str) -> str:
 def request(inventory: Inventory) -> dict[str, Any]:
     target = inventory.target.model_dump()
     if inventory.host is not None:  # `{root}`: the one host's (on the local backend, this machine's)
-        target = jobs.on_host(target, inventory.host.root)
+        target = job_specs.on_host(target, inventory.host.root)
     return {
         "target": target,
         "stage": inventory.stages.prep.model_dump(exclude={"command", "stall_after"}),

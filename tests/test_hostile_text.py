@@ -16,7 +16,7 @@ from rich.console import Console
 
 from local import control, status_view, validate
 from local.cli import task
-from local.errors import AerieError
+from local.exceptions import AerieError
 from local.visible import VisibleStream, visible, visible_all
 from tests.harness import Bench, copy_checkout
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from local import inventory, inventory_cache, jobs
-from local.errors import AerieError
+from local import inventory, inventory_cache, job_specs
+from local.exceptions import AerieError
 from local.inventory_cache import load
 from tests.harness import REPO
 
@@ -50,7 +50,7 @@ def test_a_cached_inventory_reads_like_the_validated_one(tmp_path: Path, name: s
     assert {n: d.model_dump() for n, d in cached.datasets.items()} == {n: d.model_dump() for n, d in real.datasets.items()}
     assert list(cached.views()) == [""] and cached.views()[""] is cached and not cached.is_multi_host
     assert cached.stage("extract").model_dump() == real.stage("extract").model_dump()
-    assert jobs.all_specs(cached) == jobs.all_specs(real) and cached.select(None) == real.select(None)
+    assert job_specs.all_specs(cached) == job_specs.all_specs(real) and cached.select(None) == real.select(None)
     assert cached._real is None  # all of the above without pydantic's models (`inv launch` needs no more)
 
 

@@ -10,7 +10,7 @@ import yaml
 from rich.console import Console
 
 from local import validate
-from local.errors import AerieError
+from local.exceptions import AerieError
 from local.inventory import load
 from local.validate_cache import ValidationCache
 from remote.prep.validate import validate as validate_on_host
