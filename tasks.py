@@ -24,19 +24,19 @@ DATASET = "comma-separated dataset names; default: all of the inventory's"
 @task(help={"inventory": INVENTORY, "json": "print a JSON list instead of the table"})
 def validate(c: Context, inventory: str | None = None, json: bool = False) -> None:
     """Run prep over each dataset's local sample here; fail on any that would give zero records."""
-    from local import validate as validating  # in the tasks that validate: not a cost of `inv status`
+    from local import validation  # in the tasks that validate: not a cost of `inv status`
 
-    validating.check(load(inventory_name(c, inventory)), console(), as_json=json)
+    validation.check(load(inventory_name(c, inventory)), console(), as_json=json)
 
 
 @task(help={"inventory": INVENTORY, "dry_run": "list what would be added, changed and removed; send nothing",
             "revalidate": "validate every dataset again, even those whose sample, prep code and settings are unchanged"})
 def deploy(c: Context, inventory: str | None = None, dry_run: bool = False, revalidate: bool = False) -> None:
     """Check locally, then sync remote/ to the host(s) as a new release, atomically."""
-    from local import validate as validating
+    from local import validation
 
     with fleet(inventory_name(c, inventory)) as hosts:
-        validating.check(hosts.inventory, console(), cached=not revalidate)
+        validation.check(hosts.inventory, console(), cached=not revalidate)
         hosts.raise_failures(hosts.each(lambda host, out: control.deploy(host, out, dry_run), console()))
 
 

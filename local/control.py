@@ -47,10 +47,10 @@ def mine(host: RemoteHost, datasets: list[str] | None) -> list[str] | None:
 
 def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | None:
     """Send what changed to one host (`inv deploy` has validated the inventory's data first)."""
-    from local import deploy as deploying  # here, as validate below: `inv status` and `inv launch` need neither
+    from local import sync  # here, as validation below: `inv status` and `inv launch` need neither
 
-    plan = deploying.plan(host, deploying.manifest())
-    deploying.check_sources(paths=plan.send)
+    plan = sync.plan(host, sync.manifest())
+    sync.check_sources(paths=plan.send)
     where = f"{host.name}:{host.root}"
     if plan.is_noop:
         console.print(_line(f"Nothing to deploy: {where} runs release {visible(str(plan.base))}, identical to this checkout."))
@@ -67,8 +67,8 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | N
     if dry_run:
         console.print(_line(f"Dry run: would deploy {summary} to {where} (now {visible(str(plan.base or 'nothing'))})."))
         return None
-    release = deploying.push(host, plan)
-    live = deploying.current_release(host)  # read after the switch: a deploy from elsewhere may have followed it
+    release = sync.push(host, plan)
+    live = sync.current_release(host)  # read after the switch: a deploy from elsewhere may have followed it
     if live.get("files") != plan.files:
         raise AerieError(f"{where}: another deploy replaced release {release} before this one ended; the host runs "
                          f"{visible(str(live.get('id')))}, not this checkout: `inv deploy` again to send it")
@@ -178,9 +178,9 @@ def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
 
 def demo(host: RemoteHost, console: Console) -> dict[str, Any]:
     """The whole pipeline on the embedded `local` inventory, with a tiny target built offline."""
-    from local import validate as validating
+    from local import validation
 
-    validating.check(host.inventory, console)
+    validation.check(host.inventory, console)
     deploy(host, console)
     built = host.call("assets")
     console.print(_line(f"{'built' if built['built'] else 'reusing'} the tiny target in {visible(built['path'])}"))
@@ -275,16 +275,16 @@ def stop(host: RemoteHost, console: Console, datasets: list[str] | None, stages:
 def trust(inventory: Inventory, console: Console, expect: str | None, yes: bool) -> None:
     if inventory.host is None or not inventory.host.address:
         raise AerieError(f"{inventory.path}: trust works on one host reached over SSH (set host.address)")
-    from local import trust as trusting  # here: paramiko, which no other task imports before it connects
+    from local import host_keys  # here: paramiko, which no other task imports before it connects
     from local.ssh import SshTransport
 
     transport = SshTransport(inventory.host)
-    name, key = trusting.scan(transport)
+    name, key = host_keys.scan(transport)
     console.print(f"{name} presents {key.get_name()} {key.fingerprint}")
-    if trusting.is_known(transport.known_hosts, name, key):
+    if host_keys.is_known(transport.known_hosts, name, key):
         console.print(f"Already trusted in {transport.known_hosts}.")
         return
-    old = trusting.changed(transport.known_hosts, name, key)
+    old = host_keys.changed(transport.known_hosts, name, key)
     if old is not None:
         console.print(f"[bold red]{name}'s key CHANGED[/]: {transport.known_hosts} holds {old.fingerprint}. "
                       "Trust the new one only if the host was rebuilt.")
@@ -293,7 +293,7 @@ def trust(inventory: Inventory, console: Console, expect: str | None, yes: bool)
     question = "Replace the old key with this one?" if old is not None else f"Trust this key for {name}?"
     if not (expect or yes or _confirm(console, f"{question} Compare it with the host's own `ssh-keygen -lf`.")):
         raise AerieError(f"{name}: not trusted; nothing was written")
-    replaced = trusting.add(transport.known_hosts, name, key)
+    replaced = host_keys.add(transport.known_hosts, name, key)
     console.print(f"{'Replaced the changed key of' if replaced else 'Added'} {name} in {transport.known_hosts}.")
 
 

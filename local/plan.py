@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from local import job_specs, validate as validating
+from local import job_specs, validation
 from local.exceptions import AerieError
 from local.host import RemoteHost
 from local.visible import visible_all
@@ -44,7 +44,7 @@ def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]
 def estimates(inventory: Inventory) -> dict[str, dict[str, Any]]:
     """`inv validate`'s figures per dataset (rows, kept, mean_tokens over its sample); {} when it cannot run."""
     try:
-        entries = validating.validate(inventory)
+        entries = validation.validate(inventory)
     except AerieError:
         return {}
     return {e["dataset"]: {k: e.get(k) for k in ("rows", "kept", "mean_tokens")} for e in entries if not e["error"]}

@@ -89,7 +89,7 @@ def test_a_syntax_error_stops_the_deploy_before_anything_is_sent(bench: Bench) -
 
 
 def test_an_interrupted_deploy_leaves_the_previous_release_whole_and_the_next_completes(bench: Bench) -> None:
-    from local import deploy
+    from local import sync
     from local.host import RemoteHost
     from local.inventory import load
 
@@ -114,9 +114,9 @@ def test_an_interrupted_deploy_leaves_the_previous_release_whole_and_the_next_co
     inventory = load(str(bench.checkout / "inventories" / "test.yaml"))
     host = RemoteHost(inventory)
     host.transport = CutTransport(host.transport)
-    plan = deploy.plan(host, deploy.manifest(bench.checkout))
+    plan = sync.plan(host, sync.manifest(bench.checkout))
     with pytest.raises(Exception, match="previous release is untouched"):
-        deploy.push(host, plan, bench.checkout)
+        sync.push(host, plan, bench.checkout)
     host.close()
     assert (bench.root / "current").resolve() == before
     assert not (before / "remote" / "bulk_0.py").exists()

@@ -93,7 +93,7 @@ def test_the_key_covers_the_schema_code() -> None:
 
 def test_a_deploy_path_import_leaves_pydantic_and_yaml_alone() -> None:
     # tasks.py and what `inv deploy` runs, with a cached inventory: no schema, no YAML parser of ours.
-    code = ("import sys, tasks; from local import inventory_cache, validate, deploy, fleet; "
+    code = ("import sys, tasks; from local import inventory_cache, validation, sync, fleet; "
             "print(sorted(m for m in ('pydantic', 'local.inventory', 'transformers', 'torch') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
@@ -101,7 +101,7 @@ def test_a_deploy_path_import_leaves_pydantic_and_yaml_alone() -> None:
 
 def test_the_task_list_loads_no_ssh_library_schema_or_rich() -> None:
     # What every `inv` command pays before its task runs; each task imports what it needs.
-    code = ("import sys, tasks; print(sorted(m for m in ('paramiko', 'fabric', 'pydantic', 'rich', 'local.deploy', "
-            "'local.validate') if m in sys.modules))")
+    code = ("import sys, tasks; print(sorted(m for m in ('paramiko', 'fabric', 'pydantic', 'rich', 'local.sync', "
+            "'local.validation') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
