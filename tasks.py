@@ -110,7 +110,7 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
     """Start the whole pipeline (prep, infer, tokenize, extract, train) under a runner on each host."""
     with fleet(inventory_name(c, inventory)) as hosts:
         names = hosts.inventory.select(control.split(dataset)) if dataset else None
-        from local import plan as planning  # NOTE: here, so other tasks do not import it
+        from local import planning  # NOTE: here, so other tasks do not import it
 
         hosts.raise_failures(hosts.each(lambda host, out: planning.resolve(host), console()))  # a route that fits, or stop
         hosts.raise_failures(hosts.each(lambda host, out: control.run(host, out, names), console()))
@@ -122,7 +122,7 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
 def plan(c: Context, inventory: str | None = None, json: bool = False) -> None:
     """Tokens per dataset, the hidden states' size, the host's disk and the route that fits."""
     with fleet(inventory_name(c, inventory)) as hosts:
-        from local import plan as planning
+        from local import planning
 
         hosts.raise_failures(hosts.each(lambda host, out: planning.show(host, out, as_json=json), console()))
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from local.inventory import Inventory
 
 DRAFT = "draft"
-#: The route `inv plan` resolved for `auto` this invocation, by host root (`local.plan.resolve`).
+#: The route `inv plan` resolved for `auto` this invocation, by host root (`local.planning.resolve`).
 #: NOTE: kept here rather than written into the inventory, whose cached records are read-only.
 RESOLVED: dict[str, str] = {}
 

@@ -369,7 +369,7 @@ def test_inv_run_on_the_auto_route_refuses_online_specforge_without_its_settings
 ) -> None:
     from types import SimpleNamespace
 
-    from local import plan as planning, routes
+    from local import planning, routes
     from local.exceptions import AerieError
     from local.inventory import load
 
