@@ -112,8 +112,10 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
         names = hosts.inventory.select(control.split(dataset)) if dataset else None
         from local import planning  # NOTE: here, so other tasks do not import it
 
-        hosts.raise_failures(hosts.each(lambda host, out: planning.resolve(host), console()))  # a route that fits, or stop
-        hosts.raise_failures(hosts.each(lambda host, out: control.run(host, out, names), console()))
+        routes = hosts.each(lambda host, out: planning.resolve(host), console())  # a route that fits, or stop
+        hosts.raise_failures(routes)
+        hosts.raise_failures(hosts.each(lambda host, out: control.run(host, out, names, routes[hosts.name_of(host)]),
+                                        console()))
         if follow and any_bad(control.follow(hosts.status, console(), hosts.title)):
             raise Exit(code=1)
 

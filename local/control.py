@@ -7,7 +7,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from local import job_specs, pipeline, status_data
+from local import graph, job_specs, status_data
 from local.cli import RICH_SYNTAX
 from local.exceptions import AerieError
 from local.host import RemoteHost
@@ -102,13 +102,13 @@ def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages
     return relaunched
 
 
-def run(host: RemoteHost, console: Console, datasets: list[str] | None) -> dict[str, Any]:
-    """Start the pipeline on the host, one remote command: under its runner, or (where the host's
-    executor queues jobs itself) every job queued after the ones it needs."""
+def run(host: RemoteHost, console: Console, datasets: list[str] | None, route: str) -> dict[str, Any]:
+    """Start the pipeline on the host for `route`, one remote command: under its runner, or (where the
+    host's executor queues jobs itself) every job queued after the ones it needs."""
     names = mine(host, datasets)
     if names == [] or not host.inventory.datasets:
         return {}
-    spec = pipeline.runner_spec(host.inventory, names)
+    spec = graph.runner_spec(host.inventory, names, route)
     answer = host.call("run", spec=spec)
     if "queued" in answer:
         report(console, answer["queued"], "submitted")
@@ -148,7 +148,7 @@ def follow(fetch: Callable[[], dict[str, Any]], console: Console, title: str, in
 
 
 def _pipeline_ended(state: dict[str, Any]) -> bool:
-    runners = [j for j in state["jobs"] if (j["dataset"], j["stage"]) == (pipeline.RUNNER, "run")]
+    runners = [j for j in state["jobs"] if (j["dataset"], j["stage"]) == (graph.RUNNER, "run")]
     return all(_settled(job) for job in runners or state["jobs"]) or bool(state.get("unreachable"))
 
 
@@ -184,7 +184,7 @@ def demo(host: RemoteHost, console: Console) -> dict[str, Any]:
     deploy(host, console)
     built = host.call("assets")
     console.print(_line(f"{'built' if built['built'] else 'reusing'} the tiny target in {visible(built['path'])}"))
-    run(host, console, None)
+    run(host, console, None, host.inventory.stages.extract.route)  # auto, unresolved: offline
     return follow(lambda: host.call("status"), console, f"{host.name}:{host.root}")  # its last frame stays
 
 
@@ -248,7 +248,7 @@ def while_importing(fetch: Callable[[], Any], module: str) -> tuple[Any, Any]:
 
 def logs(host: RemoteHost, dataset: str, stage: str | None, lines: int, follow: bool, raw: bool = False) -> None:
     """The log's end on stdout: its control characters shown (`␛[2J`), as `less` does, or as they are (`raw`)."""
-    if dataset not in (pipeline.DRAFT, pipeline.RUNNER):  # the jobs of `inv run` that no dataset names
+    if dataset not in (graph.DRAFT, graph.RUNNER):  # the jobs of `inv run` that no dataset names
         host.inventory.select([dataset])
     out = sys.stdout.buffer if raw else VisibleStream(sys.stdout.buffer)
     try:
@@ -259,7 +259,7 @@ def logs(host: RemoteHost, dataset: str, stage: str | None, lines: int, follow: 
 
 
 def stop(host: RemoteHost, console: Console, datasets: list[str] | None, stages: list[str] | None) -> None:
-    names = mine(host, datasets) if datasets and not set(datasets) & {pipeline.DRAFT, pipeline.RUNNER} else datasets
+    names = mine(host, datasets) if datasets and not set(datasets) & {graph.DRAFT, graph.RUNNER} else datasets
     results = host.call("stop", datasets=names, stages=stages) if names != [] else []
     stopped = [r for r in results if r["stopped"]]
     for result in results:

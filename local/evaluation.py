@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from local import job_specs
 from local.exceptions import AerieError
-from local.pipeline import DRAFT, GPU_STAGES, RUNNER
+from local.graph import DRAFT, GPU_STAGES, RUNNER
 from local.visible import visible, visible_all
 from remote.states import JobState
 

@@ -77,6 +77,10 @@ class Fleet:
         self.inventory.select([dataset])
         return self.hosts[self.inventory.assignment()[dataset]]
 
+    def name_of(self, host: RemoteHost) -> str:
+        """The inventory's name for one of this fleet's hosts (`each` keys its results by it)."""
+        return next(name for name, one in self.hosts.items() if one is host)
+
     def raise_failures(self, results: dict[str, Any]) -> None:
         """After every host has had its turn: one error naming each host that failed."""
         failed = {name: r for name, r in results.items() if isinstance(r, AerieError)}

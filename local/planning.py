@@ -114,18 +114,16 @@ def require(host: RemoteHost) -> dict[str, Any]:
     return result
 
 
-def resolve(host: RemoteHost) -> str | None:
-    """`require`, then the route this run takes recorded in the host's settings (auto: the one that fits)."""
-    from local import routes
-
+def resolve(host: RemoteHost) -> str:
+    """`require`, then the route this run takes: the configured one, or for auto the one that fits."""
     result = require(host)
     stages = host.inventory.stages
-    if stages.extract.route == "auto" and result["route"]:
-        # NOTE: the inventory checked SpecForge's settings for the route it names; auto's is known only now.
-        refusal = stages.train.specforge_refusal(stages.extract, result["route"])
-        if refusal:
-            raise AerieError(f"{host.name}: route {result['route']} (auto): {refusal}")
-        routes.RESOLVED[host.root] = result["route"]
+    if stages.extract.route != "auto" or not result["route"]:
+        return stages.extract.route
+    # NOTE: the inventory checked SpecForge's settings for the route it names; auto's is known only now.
+    refusal = stages.train.specforge_refusal(stages.extract, result["route"])
+    if refusal:
+        raise AerieError(f"{host.name}: route {result['route']} (auto): {refusal}")
     return result["route"]
 
 
