@@ -14,7 +14,7 @@ import paramiko
 from fabric import Config, Connection
 
 from local.exceptions import AerieError
-from local.transport import Result, known_hosts, refuse_non_loopback
+from local.commands import Result, known_hosts, refuse_non_loopback
 
 if TYPE_CHECKING:
     from local.inventory import Host
