@@ -161,9 +161,9 @@ def demo(c: Context) -> None:
             "json": "print the figures as JSON"})
 def bench(c: Context, only: str | None = None, json: bool = False) -> None:
     """Measure speed as ratios to baselines run alongside (see docs/benchmarks.md)."""
-    from benchmarks import run as benchmarks
+    import benchmarks.run
 
-    control.print_figures(benchmarks.run(control.split(only)), console(), as_json=json)
+    control.print_figures(benchmarks.run.run(control.split(only)), console(), as_json=json)
 
 
 ns = Collection(validate, deploy, launch, status, rerun, logs, stop, trust, run, check, evaluate, demo, bench, plan)
