@@ -12,7 +12,7 @@ from local.cli import RICH_SYNTAX
 from local.exceptions import AerieError
 from local.host import RemoteHost
 from local.visible import VisibleStream, visible
-from remote.states import BAD, JobState
+from remote.states import BAD, DRAFT, RUNNER, JobState
 
 if TYPE_CHECKING:  # rich is imported where a table or a live view is drawn: not for a deploy that sends nothing
     from rich.console import Console
@@ -148,7 +148,7 @@ def follow(fetch: Callable[[], dict[str, Any]], console: Console, title: str, in
 
 
 def _pipeline_ended(state: dict[str, Any]) -> bool:
-    runners = [j for j in state["jobs"] if (j["dataset"], j["stage"]) == (graph.RUNNER, "run")]
+    runners = [j for j in state["jobs"] if (j["dataset"], j["stage"]) == (RUNNER, "run")]
     return all(_settled(job) for job in runners or state["jobs"]) or bool(state.get("unreachable"))
 
 
@@ -248,7 +248,7 @@ def while_importing(fetch: Callable[[], Any], module: str) -> tuple[Any, Any]:
 
 def logs(host: RemoteHost, dataset: str, stage: str | None, lines: int, follow: bool, raw: bool = False) -> None:
     """The log's end on stdout: its control characters shown (`␛[2J`), as `less` does, or as they are (`raw`)."""
-    if dataset not in (graph.DRAFT, graph.RUNNER):  # the jobs of `inv run` that no dataset names
+    if dataset not in (DRAFT, RUNNER):  # the jobs of `inv run` that no dataset names
         host.inventory.select([dataset])
     out = sys.stdout.buffer if raw else VisibleStream(sys.stdout.buffer)
     try:
@@ -259,7 +259,7 @@ def logs(host: RemoteHost, dataset: str, stage: str | None, lines: int, follow: 
 
 
 def stop(host: RemoteHost, console: Console, datasets: list[str] | None, stages: list[str] | None) -> None:
-    names = mine(host, datasets) if datasets and not set(datasets) & {graph.DRAFT, graph.RUNNER} else datasets
+    names = mine(host, datasets) if datasets and not set(datasets) & {DRAFT, RUNNER} else datasets
     results = host.call("stop", datasets=names, stages=stages) if names != [] else []
     stopped = [r for r in results if r["stopped"]]
     for result in results:

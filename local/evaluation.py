@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from local import job_specs
 from local.exceptions import AerieError
-from local.graph import DRAFT, GPU_STAGES, RUNNER
+from local.graph import GPU_STAGES
 from local.visible import visible, visible_all
-from remote.states import JobState
+from remote.states import DRAFT, RUNNER, JobState
 
 if TYPE_CHECKING:  # the schema and rich load only when `inv eval` runs, not with every task
     from rich.console import Console

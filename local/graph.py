@@ -17,12 +17,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from local.job_specs import on_host, placement, spec, stage_config
+from remote.states import DRAFT, RUNNER
 
 if TYPE_CHECKING:
     from local.inventory import Inventory
 
-DRAFT = "draft"  # the pseudo dataset of the one training job over all datasets
-RUNNER = "pipeline"  # the pseudo dataset of the runner job, `pipeline/run`
 GPU_STAGES = {"infer", "extract", "train"}
 
 
