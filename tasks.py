@@ -24,19 +24,19 @@ DATASET = "comma-separated dataset names; default: all of the inventory's"
 @task(help={"inventory": INVENTORY, "json": "print a JSON list instead of the table"})
 def validate(c: Context, inventory: str | None = None, json: bool = False) -> None:
     """Run prep over each dataset's local sample here; fail on any that would give zero records."""
-    from local import validate as validating  # in the tasks that validate: not a cost of `inv status`
+    from local import validation  # in the tasks that validate: not a cost of `inv status`
 
-    validating.check(load(inventory_name(c, inventory)), console(), as_json=json)
+    validation.check(load(inventory_name(c, inventory)), console(), as_json=json)
 
 
 @task(help={"inventory": INVENTORY, "dry_run": "list what would be added, changed and removed; send nothing",
             "revalidate": "validate every dataset again, even those whose sample, prep code and settings are unchanged"})
 def deploy(c: Context, inventory: str | None = None, dry_run: bool = False, revalidate: bool = False) -> None:
     """Check locally, then sync remote/ to the host(s) as a new release, atomically."""
-    from local import validate as validating
+    from local import validation
 
     with fleet(inventory_name(c, inventory)) as hosts:
-        validating.check(hosts.inventory, console(), cached=not revalidate)
+        validation.check(hosts.inventory, console(), cached=not revalidate)
         hosts.raise_failures(hosts.each(lambda host, out: control.deploy(host, out, dry_run), console()))
 
 
@@ -110,10 +110,12 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
     """Start the whole pipeline (prep, infer, tokenize, extract, train) under a runner on each host."""
     with fleet(inventory_name(c, inventory)) as hosts:
         names = hosts.inventory.select(control.split(dataset)) if dataset else None
-        from local import plan as planning  # NOTE: here, so other tasks do not import it
+        from local import planning  # NOTE: here, so other tasks do not import it
 
-        hosts.raise_failures(hosts.each(lambda host, out: planning.resolve(host), console()))  # a route that fits, or stop
-        hosts.raise_failures(hosts.each(lambda host, out: control.run(host, out, names), console()))
+        routes = hosts.each(lambda host, out: planning.resolve(host), console())  # a route that fits, or stop
+        hosts.raise_failures(routes)
+        hosts.raise_failures(hosts.each(lambda host, out: control.run(host, out, names, routes[hosts.name_of(host)]),
+                                        console()))
         if follow and any_bad(control.follow(hosts.status, console(), hosts.title)):
             raise Exit(code=1)
 
@@ -122,7 +124,7 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
 def plan(c: Context, inventory: str | None = None, json: bool = False) -> None:
     """Tokens per dataset, the hidden states' size, the host's disk and the route that fits."""
     with fleet(inventory_name(c, inventory)) as hosts:
-        from local import plan as planning
+        from local import planning
 
         hosts.raise_failures(hosts.each(lambda host, out: planning.show(host, out, as_json=json), console()))
 
@@ -159,9 +161,9 @@ def demo(c: Context) -> None:
             "json": "print the figures as JSON"})
 def bench(c: Context, only: str | None = None, json: bool = False) -> None:
     """Measure speed as ratios to baselines run alongside (see docs/benchmarks.md)."""
-    from benchmarks import run as benchmarks
+    import benchmarks.run
 
-    control.print_figures(benchmarks.run(control.split(only)), console(), as_json=json)
+    control.print_figures(benchmarks.run.run(control.split(only)), console(), as_json=json)
 
 
 ns = Collection(validate, deploy, launch, status, rerun, logs, stop, trust, run, check, evaluate, demo, bench, plan)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks.link import DelayedLink
-from local import deploy
+from local import sync
 from local.host import RemoteHost
 from local.inventory import load
 from local.multiplex import Multiplexed, accepts
@@ -137,7 +137,7 @@ def on_loopback_sshd(measure: Callable[[Bench, Path, int], dict[str, Any]], repe
 def grow_tree(checkout: Path) -> None:
     """Pad `remote/` to TREE_FILES files, so deploys move a tree of a realistic size."""
     (checkout / "remote" / "tree").mkdir(exist_ok=True)
-    for index in range(TREE_FILES - len(deploy.manifest(checkout))):
+    for index in range(TREE_FILES - len(sync.manifest(checkout))):
         (checkout / "remote" / "tree" / f"m{index:03d}.py").write_text(f"# module {index}\n" + "X = 1\n" * 200)
 
 
@@ -146,10 +146,10 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
     bench.scripted(DATASETS)
     ssh_true = median_seconds(lambda: subprocess.run(bench.sshd.ssh_argv("true"), check=True), repeat)
     grow_tree(bench.checkout)
-    files = deploy.manifest(bench.checkout)
+    files = sync.manifest(bench.checkout)
 
     def deploy_once(host: RemoteHost) -> None:
-        deploy.push(host, deploy.plan(host, files), bench.checkout) if not deploy.plan(host, files).is_noop else None
+        sync.push(host, sync.plan(host, files), bench.checkout) if not sync.plan(host, files).is_noop else None
 
     bench.inv("deploy")
 
@@ -198,7 +198,7 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
 
     def aerie_change() -> None:
         change_one()
-        once(bench, lambda h: deploy.push(h, deploy.plan(h, deploy.manifest(bench.checkout)), bench.checkout))
+        once(bench, lambda h: sync.push(h, sync.plan(h, sync.manifest(bench.checkout)), bench.checkout))
 
     def rsync_change() -> None:
         change_one()
@@ -250,9 +250,9 @@ def over_link(bench: Bench, work: Path, rtt: float, repeat: int, all_ended: Call
 
 
 def _specs(bench: Bench) -> list[dict[str, Any]]:
-    from local import jobs
+    from local import job_specs
 
-    return jobs.specs(load(str(bench.checkout / "inventories" / "test.yaml")), "prep", None)
+    return job_specs.specs(load(str(bench.checkout / "inventories" / "test.yaml")), "prep", None)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from typing import Any, Callable
 from rich.console import Console
 
 from benchmarks.bench_control import grow_tree, median_seconds, on_loopback_sshd, paired
-from local import deploy, validate
+from local import sync, validation
 from local.host import RemoteHost
 from local.inventory import load
 from benchmarks.harness.checkout import Bench, wait_for
@@ -118,8 +118,8 @@ def phases(bench: Bench, repeat: int) -> dict[str, float]:
     quiet = Console(file=io.StringIO())
     listed = inv_argv("--list")
     startup = median_seconds(lambda: subprocess.run(listed, cwd=bench.checkout, check=True, capture_output=True), repeat)
-    validate.check(inventory, quiet, cached=True)  # this process's cache (under this checkout's .aerie) filled
-    cached = median_seconds(lambda: validate.check(inventory, quiet, cached=True), repeat)
+    validation.check(inventory, quiet, cached=True)  # this process's cache (under this checkout's .aerie) filled
+    cached = median_seconds(lambda: validation.check(inventory, quiet, cached=True), repeat)
 
     def connect() -> RemoteHost:  # rides the shared connection, as every command after the first does
         host = RemoteHost(inventory)
@@ -129,7 +129,7 @@ def phases(bench: Bench, repeat: int) -> dict[str, float]:
     connected = median_seconds(lambda: connect().close(), repeat)
     host = connect()
     try:
-        manifest = median_seconds(lambda: deploy.plan(host, deploy.manifest(bench.checkout)), repeat)
+        manifest = median_seconds(lambda: sync.plan(host, sync.manifest(bench.checkout)), repeat)
     finally:
         host.close()
     return {"startup_inv_list_s": startup, "validation_cached_s": cached, "one_command_s": connected,

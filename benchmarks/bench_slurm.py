@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from benchmarks.bench_control import JOBS, median_seconds, once
-from local import jobs
+from local import job_specs
 from local.inventory import load
 from benchmarks.harness.checkout import SAMPLES, SCRIPTED, Bench, copy_checkout, wait_for
 from benchmarks.harness.slurm_cluster import start_cluster
@@ -45,7 +45,7 @@ def inventory(bench: Bench, backend: str, env: dict[str, str]) -> None:
 
 
 def launch_seconds(bench: Bench) -> tuple[float, int]:
-    specs = jobs.specs(load(str(bench.checkout / "inventories" / "test.yaml")), "prep", None)
+    specs = job_specs.specs(load(str(bench.checkout / "inventories" / "test.yaml")), "prep", None)
     commands = once(bench, lambda h: h.call("launch", specs=specs))
     seconds = 0.0
     wait_for(lambda: sum(j["state"] == "succeeded" for j in bench.poll().values()) == JOBS, 300, "40 jobs")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import invoke
 from invoke import Context, Exit
 
-from local.errors import AerieError
+from local.exceptions import AerieError
 from local.visible import visible
 
 if TYPE_CHECKING:

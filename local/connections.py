@@ -12,7 +12,8 @@ import atexit
 import threading
 from typing import TYPE_CHECKING, BinaryIO
 
-from local.transport import Result, Transport, open_transport
+from local.commands import Result
+from local.transport import Transport, open_transport
 
 if TYPE_CHECKING:
     from local.inventory import Host

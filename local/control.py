@@ -7,12 +7,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from local import jobs, pipeline, status_data
+from local import graph, job_specs, status_data
 from local.cli import RICH_SYNTAX
-from local.errors import AerieError
+from local.exceptions import AerieError
 from local.host import RemoteHost
 from local.visible import VisibleStream, visible
-from remote.states import BAD, JobState
+from remote.states import BAD, DRAFT, RUNNER, JobState
 
 if TYPE_CHECKING:  # rich is imported where a table or a live view is drawn: not for a deploy that sends nothing
     from rich.console import Console
@@ -47,10 +47,10 @@ def mine(host: RemoteHost, datasets: list[str] | None) -> list[str] | None:
 
 def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | None:
     """Send what changed to one host (`inv deploy` has validated the inventory's data first)."""
-    from local import deploy as deploying  # here, as validate below: `inv status` and `inv launch` need neither
+    from local import sync  # here, as validation below: `inv status` and `inv launch` need neither
 
-    plan = deploying.plan(host, deploying.manifest())
-    deploying.check_sources(paths=plan.send)
+    plan = sync.plan(host, sync.manifest())
+    sync.check_sources(paths=plan.send)
     where = f"{host.name}:{host.root}"
     if plan.is_noop:
         console.print(_line(f"Nothing to deploy: {where} runs release {visible(str(plan.base))}, identical to this checkout."))
@@ -67,8 +67,8 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | N
     if dry_run:
         console.print(_line(f"Dry run: would deploy {summary} to {where} (now {visible(str(plan.base or 'nothing'))})."))
         return None
-    release = deploying.push(host, plan)
-    live = deploying.current_release(host)  # read after the switch: a deploy from elsewhere may have followed it
+    release = sync.push(host, plan)
+    live = sync.current_release(host)  # read after the switch: a deploy from elsewhere may have followed it
     if live.get("files") != plan.files:
         raise AerieError(f"{where}: another deploy replaced release {release} before this one ended; the host runs "
                          f"{visible(str(live.get('id')))}, not this checkout: `inv deploy` again to send it")
@@ -81,7 +81,7 @@ def launch(host: RemoteHost, console: Console, stage: str, datasets: list[str] |
     names = mine(host, datasets)
     if names == [] or not host.inventory.datasets:
         return []
-    results = host.call("launch", specs=jobs.specs(host.inventory, stage, names))
+    results = host.call("launch", specs=job_specs.specs(host.inventory, stage, names))
     report(console, results, "launched")
     return results
 
@@ -92,7 +92,7 @@ def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages
     if names == []:
         return []
     results = host.call(
-        "rerun", specs=jobs.all_specs(inventory), states=sorted(s.value for s in BAD),
+        "rerun", specs=job_specs.all_specs(inventory), states=sorted(s.value for s in BAD),
         datasets=names, stages=stages,
     )
     relaunched = [r for r in results if r["launched"]]
@@ -102,13 +102,13 @@ def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages
     return relaunched
 
 
-def run(host: RemoteHost, console: Console, datasets: list[str] | None) -> dict[str, Any]:
-    """Start the pipeline on the host, one remote command: under its runner, or (where the host's
-    executor queues jobs itself) every job queued after the ones it needs."""
+def run(host: RemoteHost, console: Console, datasets: list[str] | None, route: str) -> dict[str, Any]:
+    """Start the pipeline on the host for `route`, one remote command: under its runner, or (where the
+    host's executor queues jobs itself) every job queued after the ones it needs."""
     names = mine(host, datasets)
     if names == [] or not host.inventory.datasets:
         return {}
-    spec = pipeline.runner_spec(host.inventory, names)
+    spec = graph.runner_spec(host.inventory, names, route)
     answer = host.call("run", spec=spec)
     if "queued" in answer:
         report(console, answer["queued"], "submitted")
@@ -148,7 +148,7 @@ def follow(fetch: Callable[[], dict[str, Any]], console: Console, title: str, in
 
 
 def _pipeline_ended(state: dict[str, Any]) -> bool:
-    runners = [j for j in state["jobs"] if (j["dataset"], j["stage"]) == (pipeline.RUNNER, "run")]
+    runners = [j for j in state["jobs"] if (j["dataset"], j["stage"]) == (RUNNER, "run")]
     return all(_settled(job) for job in runners or state["jobs"]) or bool(state.get("unreachable"))
 
 
@@ -161,7 +161,7 @@ def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
     inventory = host.inventory
     results = host.call("check", layers=inventory.stages.extract.layers, dtype=inventory.stages.extract.dtype,
                         datasets=list(inventory.datasets),
-                        model=jobs.on_host(inventory.target.model_dump(), host.root)["model"],
+                        model=job_specs.on_host(inventory.target.model_dump(), host.root)["model"],
                         server_url=inventory.stages.infer.server_url)
     from rich.table import Table
     from rich.text import Text
@@ -178,13 +178,13 @@ def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
 
 def demo(host: RemoteHost, console: Console) -> dict[str, Any]:
     """The whole pipeline on the embedded `local` inventory, with a tiny target built offline."""
-    from local import validate as validating
+    from local import validation
 
-    validating.check(host.inventory, console)
+    validation.check(host.inventory, console)
     deploy(host, console)
     built = host.call("assets")
     console.print(_line(f"{'built' if built['built'] else 'reusing'} the tiny target in {visible(built['path'])}"))
-    run(host, console, None)
+    run(host, console, None, host.inventory.stages.extract.route)  # auto, unresolved: offline
     return follow(lambda: host.call("status"), console, f"{host.name}:{host.root}")  # its last frame stays
 
 
@@ -248,7 +248,7 @@ def while_importing(fetch: Callable[[], Any], module: str) -> tuple[Any, Any]:
 
 def logs(host: RemoteHost, dataset: str, stage: str | None, lines: int, follow: bool, raw: bool = False) -> None:
     """The log's end on stdout: its control characters shown (`␛[2J`), as `less` does, or as they are (`raw`)."""
-    if dataset not in (pipeline.DRAFT, pipeline.RUNNER):  # the jobs of `inv run` that no dataset names
+    if dataset not in (DRAFT, RUNNER):  # the jobs of `inv run` that no dataset names
         host.inventory.select([dataset])
     out = sys.stdout.buffer if raw else VisibleStream(sys.stdout.buffer)
     try:
@@ -259,7 +259,7 @@ def logs(host: RemoteHost, dataset: str, stage: str | None, lines: int, follow: 
 
 
 def stop(host: RemoteHost, console: Console, datasets: list[str] | None, stages: list[str] | None) -> None:
-    names = mine(host, datasets) if datasets and not set(datasets) & {pipeline.DRAFT, pipeline.RUNNER} else datasets
+    names = mine(host, datasets) if datasets and not set(datasets) & {DRAFT, RUNNER} else datasets
     results = host.call("stop", datasets=names, stages=stages) if names != [] else []
     stopped = [r for r in results if r["stopped"]]
     for result in results:
@@ -275,16 +275,16 @@ def stop(host: RemoteHost, console: Console, datasets: list[str] | None, stages:
 def trust(inventory: Inventory, console: Console, expect: str | None, yes: bool) -> None:
     if inventory.host is None or not inventory.host.address:
         raise AerieError(f"{inventory.path}: trust works on one host reached over SSH (set host.address)")
-    from local import trust as trusting  # here: paramiko, which no other task imports before it connects
+    from local import host_keys  # here: paramiko, which no other task imports before it connects
     from local.ssh import SshTransport
 
     transport = SshTransport(inventory.host)
-    name, key = trusting.scan(transport)
+    name, key = host_keys.scan(transport)
     console.print(f"{name} presents {key.get_name()} {key.fingerprint}")
-    if trusting.is_known(transport.known_hosts, name, key):
+    if host_keys.is_known(transport.known_hosts, name, key):
         console.print(f"Already trusted in {transport.known_hosts}.")
         return
-    old = trusting.changed(transport.known_hosts, name, key)
+    old = host_keys.changed(transport.known_hosts, name, key)
     if old is not None:
         console.print(f"[bold red]{name}'s key CHANGED[/]: {transport.known_hosts} holds {old.fingerprint}. "
                       "Trust the new one only if the host was rebuilt.")
@@ -293,7 +293,7 @@ def trust(inventory: Inventory, console: Console, expect: str | None, yes: bool)
     question = "Replace the old key with this one?" if old is not None else f"Trust this key for {name}?"
     if not (expect or yes or _confirm(console, f"{question} Compare it with the host's own `ssh-keygen -lf`.")):
         raise AerieError(f"{name}: not trusted; nothing was written")
-    replaced = trusting.add(transport.known_hosts, name, key)
+    replaced = host_keys.add(transport.known_hosts, name, key)
     console.print(f"{'Replaced the changed key of' if replaced else 'Added'} {name} in {transport.known_hosts}.")
 
 

@@ -12,11 +12,11 @@ import shlex
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from local import jobs
-from local.errors import AerieError
-from local.pipeline import DRAFT, GPU_STAGES, RUNNER
+from local import job_specs
+from local.exceptions import AerieError
+from local.graph import GPU_STAGES
 from local.visible import visible, visible_all
-from remote.states import JobState
+from remote.states import DRAFT, RUNNER, JobState
 
 if TYPE_CHECKING:  # the schema and rich load only when `inv eval` runs, not with every task
     from rich.console import Console
@@ -40,8 +40,8 @@ def spec(inventory: Inventory) -> dict[str, Any]:
     return {
         "dataset": DRAFT, "stage": STAGE, "command": settings.command, "source": "", "kind": "native",
         "stall_after": settings.stall_after, "log_limit": settings.log_limit,
-        "config": {"stage": jobs.on_host(stage, root),
-                   "inventory": {"target": jobs.on_host(inventory.target.model_dump(), root)}},
+        "config": {"stage": job_specs.on_host(stage, root),
+                   "inventory": {"target": job_specs.on_host(inventory.target.model_dump(), root)}},
     }
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 from local.connections import shared
-from local.errors import AerieError
+from local.exceptions import AerieError
 from local.host import RemoteHost
 from local.inventory_cache import load
 from local.visible import visible
@@ -76,6 +76,10 @@ class Fleet:
             return self.single
         self.inventory.select([dataset])
         return self.hosts[self.inventory.assignment()[dataset]]
+
+    def name_of(self, host: RemoteHost) -> str:
+        """The inventory's name for one of this fleet's hosts (`each` keys its results by it)."""
+        return next(name for name, one in self.hosts.items() if one is host)
 
     def raise_failures(self, results: dict[str, Any]) -> None:
         """After every host has had its turn: one error naming each host that failed."""

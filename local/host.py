@@ -6,9 +6,10 @@ import json
 import shlex
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from local.errors import AerieError, NotDeployed
+from local.exceptions import AerieError, NotDeployed
 from local.paths import ENV_NAME, REPO
-from local.transport import Result, Transport, open_transport
+from local.commands import Result
+from local.transport import Transport, open_transport
 from remote.wire import decode
 
 if TYPE_CHECKING:

@@ -13,14 +13,15 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from local.errors import AerieError
+from local.exceptions import AerieError
 from local.paths import ENV_NAME, INVENTORIES, REPO, resolve_path  # noqa: F401 (also this module's API)
+from remote.states import DRAFT, RUNNER
 
 
 #: A dataset name becomes a directory on the host and a word in its commands: a safe identifier only.
 DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DATASET_NAME_RULE = "letters, digits, '_', '.' and '-', starting with a letter or digit, at most 64"
-RESERVED_NAMES = ("pipeline", "draft")  # the pseudo datasets of `inv run` (its runner, the one training job)
+RESERVED_NAMES = (RUNNER, DRAFT)  # the pseudo datasets of `inv run` (its runner, the one training job)
 
 
 class Strict(BaseModel):

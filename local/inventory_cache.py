@@ -62,9 +62,9 @@ class Record:
 
     def _model(self) -> BaseModel:
         if self._real is None:
-            from local import inventory as schema  # NOTE: pydantic, only for what the cache cannot answer
+            from local import inventory  # NOTE: pydantic, only for what the cache cannot answer
 
-            self._real = getattr(schema, self._shape["class"]).model_validate(self._given)
+            self._real = getattr(inventory, self._shape["class"]).model_validate(self._given)
         return self._real
 
     def model_dump(self, *, exclude: set[str] | None = None, **options: Any) -> dict[str, Any]:
@@ -147,9 +147,9 @@ def load(name_or_path: str, cache: Path = CACHE) -> Inventory:
         stored = _read(cache / f"{key}.json", path)
         if stored is not None:
             return stored  # type: ignore[return-value]
-    from local import inventory as schema
+    from local import inventory
 
-    real = schema.load(name_or_path)
+    real = inventory.load(name_or_path)
     data, given = real.model_dump(mode="json"), real.model_dump(mode="json", exclude_unset=True)
     shape = shape_of(type(real))
     derived = {"executor": real.executor, "slurm": {stage: real.slurm.for_stage(stage) for stage in data["stages"]}}

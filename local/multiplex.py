@@ -24,8 +24,8 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from local.errors import AerieError
-from local.transport import Result, known_hosts, refuse_non_loopback, run_process
+from local.exceptions import AerieError
+from local.commands import Result, known_hosts, refuse_non_loopback, run_process
 
 if TYPE_CHECKING:
     from local.inventory import Host

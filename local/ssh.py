@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, BinaryIO
 import paramiko
 from fabric import Config, Connection
 
-from local.errors import AerieError
-from local.transport import Result, known_hosts, refuse_non_loopback
+from local.exceptions import AerieError
+from local.commands import Result, known_hosts, refuse_non_loopback
 
 if TYPE_CHECKING:
     from local.inventory import Host

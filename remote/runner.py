@@ -7,7 +7,7 @@ else needs the GPU. Jobs it cannot start yet are recorded as `waiting`, with
 what they wait for. It outlives the SSH session like every job, and a second
 runner (after `inv rerun --failed`) adopts the jobs and the server it finds.
 
-The plan, built by the workstation (local/pipeline.py), is a list of nodes::
+The plan, built by the workstation (local/graph.py), is a list of nodes::
 
     {"key": "A1/extract", "needs": ["A1/prep"], "gpu": true, "server": false, "spec": {...}}
 """

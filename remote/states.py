@@ -7,6 +7,12 @@ from __future__ import annotations
 
 from enum import Enum
 
+#: The pseudo datasets of `inv run`'s own jobs, named once for both sides: its runner (`pipeline/run`)
+#: and the draft trained over every dataset (`draft/train`, `draft/chunked`, `draft/eval`). Neither
+#: can be a dataset's name (local/inventory.py refuses them).
+RUNNER = "pipeline"
+DRAFT = "draft"
+
 
 class JobState(str, Enum):
     WAITING = "waiting"

@@ -15,6 +15,7 @@ import pytest
 from remote.prep.preparer import Prepared, Preparer
 from remote.prep.prep_settings import Target
 from remote.demo.tiny_tokenizer import build_tokenizer
+from tests.needs import need
 from tests.settings import prep_settings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "prep"
@@ -57,6 +58,18 @@ def masked_runs(tokenizer: Any, input_ids: Any, loss_mask: Any) -> list[str]:
 
 
 KIMI_DIR = REPO.parent / "shared" / "kimi-k2.5-tokenizer"
+
+
+def kimi_tokenizer() -> Any:
+    """Kimi-K2.5's real tokenizer (shared/), loaded as prep loads it; the test skips where it is absent."""
+    def require() -> None:
+        import tiktoken  # noqa: F401  (Kimi's tokenizer imports it)
+
+        if not (KIMI_DIR / "tiktoken.model").is_file():
+            raise FileNotFoundError(f"Kimi-K2.5's tokenizer is not at {KIMI_DIR}")
+
+    need(require, (ImportError, FileNotFoundError), "Kimi-K2.5's tokenizer and tiktoken")
+    return Target(str(KIMI_DIR), trust_remote_code=True).load()
 
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Current weather for a city",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

@@ -89,7 +89,7 @@ def test_a_syntax_error_stops_the_deploy_before_anything_is_sent(bench: Bench) -
 
 
 def test_an_interrupted_deploy_leaves_the_previous_release_whole_and_the_next_completes(bench: Bench) -> None:
-    from local import deploy
+    from local import sync
     from local.host import RemoteHost
     from local.inventory import load
 
@@ -114,9 +114,9 @@ def test_an_interrupted_deploy_leaves_the_previous_release_whole_and_the_next_co
     inventory = load(str(bench.checkout / "inventories" / "test.yaml"))
     host = RemoteHost(inventory)
     host.transport = CutTransport(host.transport)
-    plan = deploy.plan(host, deploy.manifest(bench.checkout))
+    plan = sync.plan(host, sync.manifest(bench.checkout))
     with pytest.raises(Exception, match="previous release is untouched"):
-        deploy.push(host, plan, bench.checkout)
+        sync.push(host, plan, bench.checkout)
     host.close()
     assert (bench.root / "current").resolve() == before
     assert not (before / "remote" / "bulk_0.py").exists()
@@ -363,14 +363,14 @@ def test_arguments_too_long_for_one_command_line_argument_travel_on_stdin(bench:
     # Linux refuses one argument over 128 KiB (MAX_ARG_STRLEN): the specs of a launch of about 120 jobs.
     if bench.slurm:
         pytest.skip("the transport is SSH's, tested here; on Slurm each refused copy would query squeue")
-    from local import jobs
+    from local import job_specs
     from local.host import RemoteHost
     from local.inventory import load
 
     bench.scripted({"A": "records=1"})
     bench.inv("deploy")
     inventory = load(str(bench.checkout / "inventories" / "test.yaml"))
-    specs = jobs.specs(inventory, "prep", None) * 200  # one job, 200 times: started once, refused 199 times
+    specs = job_specs.specs(inventory, "prep", None) * 200  # one job, 200 times: started once, refused 199 times
     host, log = RemoteHost(inventory), io.BytesIO()
     try:
         results = host.call("launch", specs=specs)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from local.validate_cache import ValidationCache, keys, prep_code
+from local.validation_cache import ValidationCache, keys, prep_code
 from benchmarks.harness.checkout import REPO, SAMPLES, Bench, copy_checkout
 from tests.prep_fixtures import tiny_tokenizer_dir  # noqa: F401 (a fixture)
 from benchmarks.harness.sshd import start_server

@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from local import control
-from local.errors import AerieError
+from local.exceptions import AerieError
 from local.host import RemoteHost
 from local.inventory import load
 from local.transport import LocalTransport

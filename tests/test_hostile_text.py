@@ -14,9 +14,9 @@ import pytest
 from invoke import Exit
 from rich.console import Console
 
-from local import control, status_view, validate
+from local import control, status_view, validation
 from local.cli import task
-from local.errors import AerieError
+from local.exceptions import AerieError
 from local.visible import VisibleStream, visible, visible_all
 from benchmarks.harness.checkout import Bench, copy_checkout
 
@@ -107,7 +107,7 @@ def entry(**fields) -> dict:  # noqa: ANN003
 @pytest.mark.parametrize("width", [200, 80])
 def test_the_validation_report_shows_a_rows_hostile_keys(width: int) -> None:
     console = terminal(width)
-    validate.show(console, [entry(), entry(dataset="B5", error=f"cannot read: {HOSTILE} [bold]x[/bold]")], ["C1"])
+    validation.show(console, [entry(), entry(dataset="B5", error=f"cannot read: {HOSTILE} [bold]x[/bold]")], ["C1"])
     out = console.file.getvalue()  # type: ignore[attr-defined]
     assert_harmless(out)
     if width == 200:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from local.errors import AerieError
+from local.exceptions import AerieError
 from local.inventory import REPO, load
 
 

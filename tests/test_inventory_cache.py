@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from local import inventory, inventory_cache, jobs
-from local.errors import AerieError
+from local import inventory, inventory_cache, job_specs
+from local.exceptions import AerieError
 from local.inventory_cache import load
 from benchmarks.harness.checkout import REPO
 
@@ -50,7 +50,7 @@ def test_a_cached_inventory_reads_like_the_validated_one(tmp_path: Path, name: s
     assert {n: d.model_dump() for n, d in cached.datasets.items()} == {n: d.model_dump() for n, d in real.datasets.items()}
     assert list(cached.views()) == [""] and cached.views()[""] is cached and not cached.is_multi_host
     assert cached.stage("extract").model_dump() == real.stage("extract").model_dump()
-    assert jobs.all_specs(cached) == jobs.all_specs(real) and cached.select(None) == real.select(None)
+    assert job_specs.all_specs(cached) == job_specs.all_specs(real) and cached.select(None) == real.select(None)
     assert cached._real is None  # all of the above without pydantic's models (`inv launch` needs no more)
 
 
@@ -93,7 +93,7 @@ def test_the_key_covers_the_schema_code() -> None:
 
 def test_a_deploy_path_import_leaves_pydantic_and_yaml_alone() -> None:
     # tasks.py and what `inv deploy` runs, with a cached inventory: no schema, no YAML parser of ours.
-    code = ("import sys, tasks; from local import inventory_cache, validate, deploy, fleet; "
+    code = ("import sys, tasks; from local import inventory_cache, validation, sync, fleet; "
             "print(sorted(m for m in ('pydantic', 'local.inventory', 'transformers', 'torch') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
@@ -101,7 +101,7 @@ def test_a_deploy_path_import_leaves_pydantic_and_yaml_alone() -> None:
 
 def test_the_task_list_loads_no_ssh_library_schema_or_rich() -> None:
     # What every `inv` command pays before its task runs; each task imports what it needs.
-    code = ("import sys, tasks; print(sorted(m for m in ('paramiko', 'fabric', 'pydantic', 'rich', 'local.deploy', "
-            "'local.validate') if m in sys.modules))")
+    code = ("import sys, tasks; print(sorted(m for m in ('paramiko', 'fabric', 'pydantic', 'rich', 'local.sync', "
+            "'local.validation') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

@@ -137,7 +137,7 @@ def test_inv_plan_and_inv_run_s_refusal_through_the_real_tasks(tmp_path: Path) -
 
 
 def pipeline_for(route: str, engine: str = "aerie") -> list[dict]:
-    from local import pipeline
+    from local import graph
     from local.inventory import Inventory
 
     inventory = Inventory.model_validate({
@@ -148,7 +148,7 @@ def pipeline_for(route: str, engine: str = "aerie") -> list[dict]:
             if engine == "specforge" else {})}},
         "datasets": {"A1": {"source": "a", "kind": "native"}, "B5": {"source": "b", "kind": "prompts"}},
     })
-    return pipeline.plan(inventory, None)
+    return graph.graph(inventory, None, route)
 
 
 def test_the_chunked_route_replaces_the_extracts_and_the_train_with_one_job_after_every_prep() -> None:
@@ -215,7 +215,7 @@ def test_inv_plan_s_table_says_unknown_where_no_run_measured_the_time_and_hours_
 
     from rich.console import Console
 
-    from local.plan import costs_table
+    from local.planning import costs_table
 
     model = kimi_config(tmp_path / "kimi")
     prep_manifest(tmp_path, "A1", 40_000, 120_000_000)

@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 
-from remote.prep.prep_settings import Target
 from remote.prep.template import ChatTemplate
-from tests.needs import need
 from tests.prep_fixtures import (
-    FAITHFUL_ROWS, IMAGE_ROW, KIMI_DIR, REPO, assistant_turns, check_records, masked_runs, prepare, read_rows,
+    kimi_tokenizer,
+    FAITHFUL_ROWS, IMAGE_ROW, REPO, assistant_turns, check_records, masked_runs, prepare, read_rows,
 )
 
 NATIVE_FIXTURES = ["sharegpt.jsonl", "openthoughts.jsonl", "openai_tools.jsonl", "ultrachat.jsonl",
@@ -26,14 +25,7 @@ SAMPLES = REPO / "inventories" / "samples"
 
 @pytest.fixture(scope="module")
 def kimi() -> Any:
-    def require() -> None:
-        import tiktoken  # noqa: F401  (Kimi's tokenizer imports it)
-
-        if not (KIMI_DIR / "tiktoken.model").is_file():
-            raise FileNotFoundError(f"Kimi-K2.5's tokenizer is not at {KIMI_DIR}")
-
-    need(require, (ImportError, FileNotFoundError), "Kimi-K2.5's tokenizer and tiktoken")
-    return Target(str(KIMI_DIR), trust_remote_code=True).load()
+    return kimi_tokenizer()
 
 
 def test_kimis_template_is_probed_as_kimi_behaves(kimi):

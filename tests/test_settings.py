@@ -56,12 +56,12 @@ def test_a_missing_setting_is_named_in_one_line() -> None:
 
 
 def test_the_job_spec_carries_every_setting_of_its_stage(tmp_path: Path) -> None:
-    from local import jobs
+    from local import job_specs
     from local.inventory import load
 
     inventory = load("local")
     for stage in Stages.model_fields:
         name = next(iter(inventory.datasets))
-        sent = jobs.spec(inventory, name, stage)["config"]["stage"]
+        sent = job_specs.spec(inventory, name, stage)["config"]["stage"]
         declared = set(Stages.model_fields[stage].annotation.model_fields) - {"command", "stall_after"}
         assert declared <= set(sent), f"{stage}: the spec lacks {declared - set(sent)}"

@@ -8,7 +8,7 @@ from local.inventory import Stages
 
 
 def complete(stage: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`settings` over the schema's defaults for `stage` (tokenize is prep), as `local.jobs.spec` sends them;
+    """`settings` over the schema's defaults for `stage` (tokenize is prep), as `local.job_specs.spec` sends them;
     a job that is not an inventory stage (the chunked route's driver) gets `settings` as they are."""
     if stage != "tokenize" and stage not in Stages.model_fields:
         return dict(settings or {})

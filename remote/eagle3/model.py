@@ -181,6 +181,21 @@ class Eagle3Draft(nn.Module):
         """Target token ids of draft ids (SGLang's ``hot_token_id = d2t + arange``)."""
         return draft_ids + self.d2t[draft_ids]
 
+    @classmethod
+    def warm(cls, config: dict[str, Any], d2t: torch.Tensor, t2d: torch.Tensor, embed: torch.Tensor,
+             head: torch.Tensor) -> "Eagle3Draft":
+        """A new draft with the target's embedding, the vocabulary map and, as a warm start, the
+        target's lm_head rows for the kept tokens."""
+        # NOTE: seeded, so a rerun (and a resumed run) starts from the same draft, on either route.
+        torch.manual_seed(0)
+        draft = cls(config)
+        with torch.no_grad():
+            draft.embed_tokens.weight.copy_(embed.float())
+            draft.d2t.copy_(d2t)
+            draft.t2d.copy_(t2d)
+            draft.lm_head.weight.copy_(head.float()[t2d])
+        return draft
+
 
 def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
     """x[:, n:] padded with zeros back to x's length."""

@@ -143,14 +143,7 @@ class Trainer:
         d2t, t2d = build_mapping(counts, config["draft_vocab_size"])
         self.device = torch.device(best_device())
         embed, head = read_embed_and_head(shape)
-        torch.manual_seed(0)  # the same first draft as the train stage's
-        draft = Eagle3Draft(config)
-        with torch.no_grad():
-            draft.embed_tokens.weight.copy_(embed.float())
-            draft.d2t.copy_(d2t)
-            draft.t2d.copy_(t2d)
-            draft.lm_head.weight.copy_(head.float()[t2d])
-        self.draft, self.head = draft, head.to(self.device)
+        self.draft, self.head = Eagle3Draft.warm(config, d2t, t2d, embed, head), head.to(self.device)
         self.output.mkdir(parents=True, exist_ok=True)
         self.evaluation = heldout.EpochEvaluation(
             self.heldout, load_sample, int(self.settings["eval_steps"]), int(self.settings["max_length"]),

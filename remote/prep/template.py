@@ -15,6 +15,8 @@ of two renders of the conversation instead (slower, same result).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
 from dataclasses import dataclass
@@ -87,9 +89,14 @@ class ChatTemplate:
     def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None, generation_prompt: bool = False,
                **extra: Any) -> str:
         try:
-            return self.tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt, **{**self.kwargs, **extra}
-            )
+            # NOTE: Kimi's tokenizer prints "Failed to convert tools to TypeScript style" on every render
+            # whose tools its converter refuses (several renders a row): at 88,000 rows that buried the
+            # log's last line, which inv status shows. Prep counts those rows (tool_declarations: json).
+            with contextlib.redirect_stdout(io.StringIO()) if tools else contextlib.nullcontext():
+                return self.tokenizer.apply_chat_template(
+                    messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt,
+                    **{**self.kwargs, **extra}
+                )
         except Exception as exc:  # the template's own raise_exception, or a field it cannot read
             first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
             raise Skip(f"chat template error: {first_line[:80]}") from None

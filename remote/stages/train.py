@@ -141,15 +141,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     d2t, t2d = build_mapping(token_counts(_each(files, progress), shape.vocab_size), config["draft_vocab_size"])
     device = torch.device(best_device())
     embed, head = read_embed_and_head(shape)
-    # NOTE: seeded, so a rerun (and a resumed run) starts from the same draft.
-    torch.manual_seed(0)
-    draft = Eagle3Draft(config)
-    with torch.no_grad():
-        draft.embed_tokens.weight.copy_(embed.float())
-        draft.d2t.copy_(d2t)
-        draft.t2d.copy_(t2d)
-        # NOTE: a warm start: the draft's head begins as the target's rows for the kept tokens.
-        draft.lm_head.weight.copy_(head.float()[t2d])
+    draft = Eagle3Draft.warm(config, d2t, t2d, embed, head)
     head = head.to(device)
 
     out_dir = ctx.output / "draft"

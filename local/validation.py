@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from local import jobs
-from local.errors import AerieError
-from local.validate_cache import ValidationCache, keys as cache_keys
+from local import job_specs
+from local.exceptions import AerieError
+from local import validation_cache
 from local.visible import visible, visible_all
 from local.paths import INVENTORIES, REPO
 from local.transport import LocalTransport
@@ -42,7 +42,7 @@ def sample_of(inventory: Inventory, name: str) -> str:
 def request(inventory: Inventory) -> dict[str, Any]:
     target = inventory.target.model_dump()
     if inventory.host is not None:  # `{root}`: the one host's (on the local backend, this machine's)
-        target = jobs.on_host(target, inventory.host.root)
+        target = job_specs.on_host(target, inventory.host.root)
     return {
         "target": target,
         "stage": inventory.stages.prep.model_dump(exclude={"command", "stall_after"}),
@@ -105,14 +105,14 @@ def _learned(entry: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def check(inventory: Inventory, console: Console, as_json: bool = False, cached: bool = False,
-          cache: ValidationCache | None = None) -> list[dict[str, Any]]:
+          cache: validation_cache.ValidationCache | None = None) -> list[dict[str, Any]]:
     """Validate and show; an `AerieError` names every dataset that would give zero records.
 
-    `cached`: a dataset that passed with the same inputs before (see local/validate_cache.py)
+    `cached`: a dataset that passed with the same inputs before (see local/validation_cache.py)
     is not validated again, and is only named. Every pass is stored either way.
     """
-    cache = cache or ValidationCache()
-    key = cache_keys(request(inventory))
+    cache = cache or validation_cache.ValidationCache()
+    key = validation_cache.keys(request(inventory))
     reused = {name: cache.get(key[name], name) for name in inventory.datasets} if cached else {}
     reused = {name: entry for name, entry in reused.items() if entry is not None}
     fresh = validate(inventory, [n for n in inventory.datasets if n not in reused]) if len(reused) < len(key) else []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import paramiko
 
-from local.errors import AerieError
+from local.exceptions import AerieError
 from local.ssh import SshTransport, ssh_socket
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from local.errors import AerieError
+from local.exceptions import AerieError
 from local.host import RemoteHost
 from local.paths import REPO
 from remote.release import MANIFEST

@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from local import jobs, validate as validating
-from local.errors import AerieError
+from local import job_specs, validation
+from local.exceptions import AerieError
 from local.host import RemoteHost
 from local.visible import visible_all
 from local.inventory import Inventory
@@ -27,7 +27,7 @@ def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]
     extract, train, prep = inventory.stages.extract, inventory.stages.train, inventory.stages.prep
     return {
         "root": root,
-        "model": jobs.on_host(inventory.target.model_dump(), root)["model"],
+        "model": job_specs.on_host(inventory.target.model_dump(), root)["model"],
         "layers": extract.layers, "dtype": extract.dtype, "disk_budget": extract.disk_budget,
         "route": extract.route, "engine": train.engine, "max_length": prep.max_length,
         "epochs": train.epochs, "passes": extract.passes or train.epochs, "resident": extract.command is None,
@@ -44,7 +44,7 @@ def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]
 def estimates(inventory: Inventory) -> dict[str, dict[str, Any]]:
     """`inv validate`'s figures per dataset (rows, kept, mean_tokens over its sample); {} when it cannot run."""
     try:
-        entries = validating.validate(inventory)
+        entries = validation.validate(inventory)
     except AerieError:
         return {}
     return {e["dataset"]: {k: e.get(k) for k in ("rows", "kept", "mean_tokens")} for e in entries if not e["error"]}
@@ -114,18 +114,16 @@ def require(host: RemoteHost) -> dict[str, Any]:
     return result
 
 
-def resolve(host: RemoteHost) -> str | None:
-    """`require`, then the route this run takes recorded in the host's settings (auto: the one that fits)."""
-    from local import routes
-
+def resolve(host: RemoteHost) -> str:
+    """`require`, then the route this run takes: the configured one, or for auto the one that fits."""
     result = require(host)
     stages = host.inventory.stages
-    if stages.extract.route == "auto" and result["route"]:
-        # NOTE: the inventory checked SpecForge's settings for the route it names; auto's is known only now.
-        refusal = stages.train.specforge_refusal(stages.extract, result["route"])
-        if refusal:
-            raise AerieError(f"{host.name}: route {result['route']} (auto): {refusal}")
-        routes.RESOLVED[host.root] = result["route"]
+    if stages.extract.route != "auto" or not result["route"]:
+        return stages.extract.route
+    # NOTE: the inventory checked SpecForge's settings for the route it names; auto's is known only now.
+    refusal = stages.train.specforge_refusal(stages.extract, result["route"])
+    if refusal:
+        raise AerieError(f"{host.name}: route {result['route']} (auto): {refusal}")
     return result["route"]
 
 

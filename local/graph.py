@@ -1,0 +1,107 @@
+"""`inv run`: the whole pipeline as a graph of jobs, which the host's runner (remote/runner.py) executes.
+
+Per dataset: ``prep``; for a prompts dataset then ``infer`` (the target answers
+the prompts) and ``tokenize`` (prep over those answers). Then, by the route the
+run takes (`stages.extract.route`; for ``auto``, the one `inv plan` finds fits):
+
+- ``offline``: every dataset's ``extract``, then one ``draft/train`` over every dataset's states;
+- ``chunked``: one ``draft/chunked`` job (`remote/chunked.py`) in place of the extracts
+  and the train, needing every dataset's prep (tokenize for a prompts dataset);
+- ``online``: no extract; ``draft/train`` (SpecForge with the target alongside) needs the prep outputs.
+
+Each job's spec is built whole, once, by `local.job_specs.spec` or here for the draft's jobs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from local.job_specs import on_host, placement, spec, stage_config
+from remote.states import DRAFT, RUNNER
+
+if TYPE_CHECKING:
+    from local.inventory import Inventory
+
+GPU_STAGES = {"infer", "extract", "train"}
+
+
+def node(spec: dict[str, Any], needs: list[str]) -> dict[str, Any]:
+    stage = spec["stage"]
+    # NOTE: every node carries its executor; the host picks how the plan runs from it (remote.runner.start).
+    return {"key": f"{spec['dataset']}/{stage}", "needs": needs, "gpu": stage in GPU_STAGES,
+            "server": stage == "infer", "spec": spec}
+
+
+def tokens_of(inventory: Inventory, name: str) -> str:
+    """The stage whose output holds a dataset's tokenised records: tokenize for a prompts dataset."""
+    return "tokenize" if inventory.datasets[name].kind == "prompts" else "prep"
+
+
+def dataset_nodes(inventory: Inventory, name: str, extract: bool) -> list[dict[str, Any]]:
+    data = f"{inventory.host.root}/data/{name}"
+    nodes = [node(spec(inventory, name, "prep"), [])]
+    if inventory.datasets[name].kind == "prompts":
+        nodes.append(node(spec(inventory, name, "infer"), [f"{name}/prep"]))
+        nodes.append(node(spec(inventory, name, "tokenize", source=f"{data}/infer/conversations.jsonl"), [f"{name}/infer"]))
+    if extract:
+        tokens = tokens_of(inventory, name)
+        nodes.append(node(spec(inventory, name, "extract", inputs=[f"{data}/{tokens}"]), [f"{name}/{tokens}"]))
+    return nodes
+
+
+def graph(inventory: Inventory, datasets: list[str] | None, route: str) -> list[dict[str, Any]]:
+    """Every job of the run and what each needs, for `route` (auto: not resolved, so offline)."""
+    names = inventory.select(datasets)
+    offline = route in ("auto", "offline")
+    nodes = [n for name in names for n in dataset_nodes(inventory, name, extract=offline)]
+    if offline:
+        extracts = [f"{inventory.host.root}/data/{name}/extract" for name in names]
+        return nodes + [node(draft_train(inventory, names[0], {"inputs": extracts}), [f"{name}/extract" for name in names])]
+    prepped = [f"{name}/{tokens_of(inventory, name)}" for name in names]  # each dataset's prep or tokenize
+    preps = {name: f"{inventory.host.root}/data/{need}" for name, need in zip(names, prepped)}
+    if route == "online":
+        return nodes + [node(draft_train(inventory, names[0], {"prep_inputs": preps}), prepped)]
+    return nodes + [{**node(draft_chunked(inventory, preps), prepped), "gpu": True}]
+
+
+def draft_train(inventory: Inventory, first: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """`draft/train` over every dataset: its extracted states (`inputs`), or their prep's output (`prep_inputs`,
+    online: SGLang captures the states of `stages.extract.layers` as SpecForge trains)."""
+    settings = inventory.stages.train
+    config = {"dataset": inventory.datasets[first].model_dump(), **stage_config(inventory, "train"), **inputs}
+    if "prep_inputs" in inputs:
+        config["stage"]["layers"] = inventory.stages.extract.layers
+    return {"dataset": DRAFT, "stage": "train", "command": settings.command, "source": "", "kind": "native",
+            "stall_after": settings.stall_after, "log_limit": settings.log_limit, "config": config,
+            **placement(inventory, "train")}
+
+
+def draft_chunked(inventory: Inventory, preps: dict[str, str]) -> dict[str, Any]:
+    """`draft/chunked`: extract and train chunk by chunk (`remote/chunked.py`), with both stages' settings."""
+    extract, training = inventory.stages.extract, inventory.stages.train
+    root = inventory.host.root
+    return {
+        "dataset": DRAFT, "stage": "chunked", "command": None, "source": "", "kind": "native",
+        "stall_after": max(extract.stall_after, training.stall_after), "log_limit": extract.log_limit,
+        "config": {"dataset": {}, "inventory": stage_config(inventory, "extract")["inventory"], "prep_inputs": preps,
+                   "stage": {"disk_budget": extract.disk_budget,
+                             "extract": on_host(extract.model_dump(exclude={"stall_after"}), root),
+                             "train": on_host(training.model_dump(exclude={"stall_after"}), root)}},
+        **placement(inventory, "extract"),
+    }
+
+
+def server_settings(inventory: Inventory) -> dict[str, Any]:
+    infer = inventory.stages.infer
+    return {"command": infer.server_command and infer.server_command.replace("{root}", inventory.host.root),
+            "url": infer.server_url, "start_timeout": infer.server_start_timeout, "env": infer.server_env}
+
+
+def runner_spec(inventory: Inventory, datasets: list[str] | None, route: str) -> dict[str, Any]:
+    """The `pipeline/run` job: the runner, with the graph for `route` and the inference server it manages."""
+    server = server_settings(inventory)
+    return {
+        "dataset": RUNNER, "stage": "run", "command": None, "source": "", "kind": "native", "executor": "process",
+        "stall_after": 10 ** 9,  # it beats every tick; waiting on a long job is not a stall
+        "config": {"stage": {"plan": graph(inventory, datasets, route), "server": server, "fresh": True}},
+    }

@@ -1,0 +1,76 @@
+"""Job specs: what the host needs to run one stage of one dataset, built from the inventory."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from local.inventory import Inventory
+
+
+def spec(inventory: Inventory, dataset: str, stage: str, inputs: list[str] | None = None,
+         source: str | None = None) -> dict[str, Any]:
+    """Stage `stage` of `dataset`, on the executor that runs it, whole: nothing is patched in later.
+
+    `inputs`: the folders it reads, for a stage that reads another's output (extract);
+    `source`: a file it reads in place of the dataset's own, as native chats (tokenize: the target's answers).
+    """
+    settings = inventory.stage(settings_of(stage))
+    entry = inventory.datasets[dataset].model_dump()
+    if source is not None:
+        entry |= {"source": source, "kind": "native"}
+    config = {"dataset": entry, **stage_config(inventory, stage)}
+    if inputs is not None:
+        config["inputs"] = inputs
+    return {
+        "dataset": dataset,
+        "stage": stage,
+        "command": settings.command,  # None: the host's default for the stage
+        "source": entry["source"],
+        "kind": entry["kind"],
+        "stall_after": settings.stall_after,
+        "log_limit": settings.log_limit,  # bytes: the supervisor caps the job's log there
+        "config": config,
+        **placement(inventory, stage),
+    }
+
+
+def settings_of(stage: str) -> str:
+    """The stage whose settings a stage runs with: tokenize is prep over the target's answers."""
+    return "prep" if stage == "tokenize" else stage
+
+
+def stage_config(inventory: Inventory, stage: str) -> dict[str, Any]:
+    """The stage's settings and the target, `{root}` made the host's: the part of `config` every job has."""
+    settings = inventory.stage(settings_of(stage))
+    root = inventory.host.root
+    return {"stage": on_host(settings.model_dump(exclude={"command", "stall_after"}), root),
+            "inventory": {"target": on_host(inventory.target.model_dump(), root)}}
+
+
+def placement(inventory: Inventory, stage: str) -> dict[str, Any]:
+    """The executor that runs the job (named once, by the inventory) and, for one that queues jobs on a
+    cluster, the resources of its stage (ignored where there is no such queue)."""
+    return {"executor": inventory.executor, "slurm": inventory.slurm.for_stage(settings_of(stage))}
+
+
+def specs(inventory: Inventory, stage: str, datasets: list[str] | None) -> list[dict[str, Any]]:
+    return [spec(inventory, name, stage) for name in inventory.select(datasets)]
+
+
+def all_specs(inventory: Inventory) -> dict[str, dict[str, Any]]:
+    """Every (dataset, stage) spec, keyed as the host names job directories, for `rerun`."""
+    return {
+        f"{name}/{stage}": spec(inventory, name, stage)
+        for name in inventory.datasets
+        for stage in inventory.stages.model_dump()  # every stage the schema declares, in its order
+    }
+
+
+def on_host(settings: Any, root: str) -> Any:
+    """`{root}` in a setting means the host's root (e.g. assets built there by `inv demo`), at any depth."""
+    if isinstance(settings, dict):
+        return {k: on_host(v, root) for k, v in settings.items()}
+    if isinstance(settings, list):
+        return [on_host(v, root) for v in settings]
+    return settings.replace("{root}", root) if isinstance(settings, str) else settings
