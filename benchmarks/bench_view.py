@@ -12,13 +12,12 @@ jobs, and no frame in 100 s for 1,000.
 from __future__ import annotations
 
 import io
-import statistics
-import time
 from typing import Any, Callable
 
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.bench_control import median_seconds
 from local import status_view
 
 COUNTS = (20, 40, 80, 160, 1000)
@@ -53,15 +52,6 @@ def screenful() -> int:
         table.add_row(f"D{i:04d}", "prep", "empty", "0", "-", "-", "exit 0 with zero records: no conversations field")
     console.print(table)
     return 0
-
-
-def median_seconds(action: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def run(repeat: int = 5) -> dict[str, Any]:
