@@ -104,47 +104,36 @@ def draft_for(ctx: StageContext, extracted: dict[str, Any], vocab_size: int, tar
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    settings = ctx.stage_config
-    engine = need(settings, "train", "engine", StageInputError)
+    """Train the draft with the engine ``stages.train.engine`` names, on extract's states
+    (or, SpecForge's online route, on prep's prompts with no states on disk)."""
+    engine = need(ctx.stage_config, "train", "engine", StageInputError)
     if engine not in ENGINES:
         raise StageInputError(f"stages.train.engine {engine!r}: expected one of {', '.join(ENGINES)}")
     if engine == "specforge" and ctx.config.get("prep_inputs") and not ctx.config.get("inputs"):
         return run_specforge(ctx, None, progress)  # the online route: no states on disk
-    extract_dirs = ctx.inputs("extract")
-    extracted = read_extract_manifests(extract_dirs)
+    extracted = read_extract_manifests(ctx.inputs("extract"))
     if engine == "specforge":
         return run_specforge(ctx, extracted, progress)
-    path, _ = target_settings(ctx.shared_config)
-    shape = read_shape(path)
-    if shape.hidden_size != int(extracted["hidden_size"]):
-        raise StageInputError(
-            f"target.model {path} has hidden size {shape.hidden_size} but the extracted states have {extracted['hidden_size']}: "
-            "the target changed since extract ran; rerun extract"
-        )
-    config = draft_for(ctx, extracted, shape.vocab_size, read_config(path))
-    files = [f for directory in extract_dirs for f in ShardStore(directory).sample_files()]
-    if not files:
-        raise StageInputError(f"no extracted samples in {', '.join(map(str, extract_dirs))}: extract wrote no records; check its skip reasons")
+    return run_aerie(ctx, extracted, progress)
+
+
+def run_aerie(ctx: StageContext, extracted: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Train with this project's plain-torch trainer (`remote.eagle3.trainer`): the draft saved after every
+    epoch, measured on the held-out records, and resumable from ``$AERIE_OUTPUT/resume``."""
+    settings = ctx.stage_config
+    shape, config, files = _aerie_inputs(ctx, extracted)
 
     # NOTE: torch is imported only once the inputs are known good, so a refusal is instant.
     import torch
 
-    from remote.eagle3 import checkpoint, resume
-    from remote.eagle3.resume import TrainState
-    from remote.eagle3.model import Eagle3Draft
     from remote.eagle3.trainer import train
-    from remote.eagle3.vocab import build_mapping, token_counts
 
     files, heldout_files = heldout.split(files, need(settings, "train", "eval_records", StageInputError),
                                         float(need(settings, "train", "eval_fraction", StageInputError)))
-    progress.note(f"counting tokens of {len(files)} records ({len(heldout_files)} held out)")
-    d2t, t2d = build_mapping(token_counts(_each(files, progress), shape.vocab_size), config["draft_vocab_size"])
+    draft, head = _warm_draft(config, shape, files, len(heldout_files), progress)
     device = torch.device(best_device())
-    embed, head = read_embed_and_head(shape)
-    draft = Eagle3Draft.warm(config, d2t, t2d, embed, head)
     head = head.to(device)
 
-    out_dir = ctx.output / "draft"
     history: list[dict[str, Any]] = []
     epochs = int(need(settings, "train", "epochs", StageInputError))
     evaluation = heldout.EpochEvaluation(heldout_files, load_sample, int(need(settings, "train", "eval_steps", StageInputError)),
@@ -153,28 +142,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     batch_size = int(need(settings, "train", "batch_size", StageInputError))
     state = _resume_state(ctx, draft, files, settings, progress)
     draft.to(device)
-
-    def on_step(step: int, loss: float, accuracies: list[float], records: int) -> None:
-        values = {f"acc_{k}": round(a, 4) for k, a in enumerate(accuracies)}
-        progress.metrics(step=step, loss=round(loss, 5), **values)
-        history.append({"step": step, "loss": loss, **values})
-        evaluation.on_step(loss)
-        if records:
-            progress.written(records)
-
-    def on_epoch(epoch: int) -> None:
-        measured = evaluation.on_epoch(epoch, draft, head)
-        checkpoint.save(draft, out_dir, {"epoch": epoch, "extract_release": extracted["release"], "release": ctx.release})
-        accept = "" if measured.accept_length is None else f", held-out accept length {measured.accept_length:.2f}"
-        progress.note(f"epoch {epoch}/{epochs} saved to {out_dir}{accept}")
-
     progress.expect(epochs * -(-len(files) // batch_size), by="step")
     earlier = _previous_history(ctx, state.step)
-
-    def on_checkpoint(reached: TrainState) -> None:
-        # NOTE: the history first, so a resumed run never lacks the steps its state counts.
-        write_json_atomic(ctx.output / "history.json", earlier + history)
-        resume.save(ctx.output / "resume", draft, reached)
 
     started = time.time()
     train(
@@ -187,36 +156,106 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         learning_rate=float(need(settings, "train", "learning_rate", StageInputError)),
         steps=int(need(settings, "train", "ttt_steps", StageInputError)),
         max_length=int(need(settings, "train", "max_length", StageInputError)),
-        on_step=on_step,
-        on_epoch=on_epoch,
         state=state,
-        on_checkpoint=on_checkpoint,
         checkpoint_every=int(need(settings, "train", "checkpoint_every", StageInputError)),
         # NOTE: read with .get: only the chunked route's driver sends it, never the inventory.
         schedule_steps=int(settings.get("schedule_steps") or 0),
+        **_aerie_callbacks(ctx, draft, head, extracted, evaluation, epochs, earlier, history, progress),
     )
     evaluation.draw()
     if not history:  # resumed after the last step: the saved draft is the result
-        checkpoint.save(draft, out_dir, {"epoch": epochs, "extract_release": extracted["release"], "release": ctx.release})
+        _save_draft(ctx, draft, extracted, epochs)
     history = earlier + history
-    manifest = {
+    manifest = _aerie_manifest(ctx, extracted, config, len(files), epochs, history, state.step, time.time() - started)
+    manifest.update(evaluation.manifest())
+    write_json_atomic(ctx.output / "manifest.json", manifest)
+    write_json_atomic(ctx.output / "history.json", history)
+    return manifest
+
+
+def _aerie_manifest(ctx: StageContext, extracted: dict[str, Any], config: dict[str, Any], records: int, epochs: int,
+                    history: list[dict[str, Any]], resumed_from: int, seconds: float) -> dict[str, Any]:
+    """What the aerie engine's run trained (the held-out measures are added by the caller)."""
+    return {
         "release": ctx.release,
         "engine": "aerie",
-        "draft": str(out_dir),
-        "records": len(files),
+        "draft": str(ctx.output / "draft"),
+        "records": records,
         "epochs": epochs,
         "steps": len(history),
-        "resumed_from_step": state.step,
+        "resumed_from_step": resumed_from,
         "first_loss": history[0]["loss"] if history else None,
         "last_loss": history[-1]["loss"] if history else None,
         "draft_vocab_size": config["draft_vocab_size"],
         "layers": extracted["layers"],
-        "seconds": round(time.time() - started, 3),
-        **evaluation.manifest(),
+        "seconds": round(seconds, 3),
     }
-    write_json_atomic(ctx.output / "manifest.json", manifest)
-    write_json_atomic(ctx.output / "history.json", history)
-    return manifest
+
+
+def _aerie_inputs(ctx: StageContext, extracted: dict[str, Any]):
+    """The target's shape, the draft's config and every extracted sample file, refused (one line each)
+    when the target changed since extract ran or extract wrote no records."""
+    extract_dirs = ctx.inputs("extract")
+    path, _ = target_settings(ctx.shared_config)
+    shape = read_shape(path)
+    if shape.hidden_size != int(extracted["hidden_size"]):
+        raise StageInputError(
+            f"target.model {path} has hidden size {shape.hidden_size} but the extracted states have {extracted['hidden_size']}: "
+            "the target changed since extract ran; rerun extract"
+        )
+    config = draft_for(ctx, extracted, shape.vocab_size, read_config(path))
+    files = [f for directory in extract_dirs for f in ShardStore(directory).sample_files()]
+    if not files:
+        raise StageInputError(f"no extracted samples in {', '.join(map(str, extract_dirs))}: extract wrote no records; check its skip reasons")
+    return shape, config, files
+
+
+def _warm_draft(config: dict[str, Any], shape, files: list[Path], heldout_count: int, progress: Progress):
+    """A new draft over the training records' most frequent tokens, started from the target's
+    embeddings and lm_head, and that head (on the CPU)."""
+    from remote.eagle3.model import Eagle3Draft
+    from remote.eagle3.vocab import build_mapping, token_counts
+
+    progress.note(f"counting tokens of {len(files)} records ({heldout_count} held out)")
+    d2t, t2d = build_mapping(token_counts(_each(files, progress), shape.vocab_size), config["draft_vocab_size"])
+    embed, head = read_embed_and_head(shape)
+    return Eagle3Draft.warm(config, d2t, t2d, embed, head), head
+
+
+def _aerie_callbacks(ctx: StageContext, draft, head, extracted: dict[str, Any], evaluation: heldout.EpochEvaluation,
+                     epochs: int, earlier: list[dict[str, Any]], history: list[dict[str, Any]], progress: Progress) -> dict[str, Any]:
+    """The trainer's ``on_step``, ``on_epoch`` and ``on_checkpoint``: each step's metrics reported and kept in
+    `history`, the draft measured and saved after every epoch, the resume state written at every checkpoint."""
+    from remote.eagle3 import resume
+    from remote.eagle3.resume import TrainState
+
+    def on_step(step: int, loss: float, accuracies: list[float], records: int) -> None:
+        values = {f"acc_{k}": round(a, 4) for k, a in enumerate(accuracies)}
+        progress.metrics(step=step, loss=round(loss, 5), **values)
+        history.append({"step": step, "loss": loss, **values})
+        evaluation.on_step(loss)
+        if records:
+            progress.written(records)
+
+    def on_epoch(epoch: int) -> None:
+        measured = evaluation.on_epoch(epoch, draft, head)
+        _save_draft(ctx, draft, extracted, epoch)
+        accept = "" if measured.accept_length is None else f", held-out accept length {measured.accept_length:.2f}"
+        progress.note(f"epoch {epoch}/{epochs} saved to {ctx.output / 'draft'}{accept}")
+
+    def on_checkpoint(reached: TrainState) -> None:
+        # NOTE: the history first, so a resumed run never lacks the steps its state counts.
+        write_json_atomic(ctx.output / "history.json", earlier + history)
+        resume.save(ctx.output / "resume", draft, reached)
+
+    return {"on_step": on_step, "on_epoch": on_epoch, "on_checkpoint": on_checkpoint}
+
+
+def _save_draft(ctx: StageContext, draft, extracted: dict[str, Any], epoch: int) -> None:
+    """The draft as SGLang loads it, at ``$AERIE_OUTPUT/draft`` (rewritten atomically)."""
+    from remote.eagle3 import checkpoint
+
+    checkpoint.save(draft, ctx.output / "draft", {"epoch": epoch, "extract_release": extracted["release"], "release": ctx.release})
 
 
 def _resume_state(ctx: StageContext, draft, files: list[Path], settings: dict[str, Any], progress: Progress):
