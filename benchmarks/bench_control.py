@@ -147,19 +147,28 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
     ssh_true = median_seconds(lambda: subprocess.run(bench.sshd.ssh_argv("true"), check=True), repeat)
     grow_tree(bench.checkout)
     files = sync.manifest(bench.checkout)
-
-    def deploy_once(host: RemoteHost) -> None:
-        sync.push(host, sync.plan(host, files), bench.checkout) if not sync.plan(host, files).is_noop else None
-
     bench.inv("deploy")
+    commands = _status_and_launch(bench, ssh_true, repeat)
+    deploys = _deploys_vs_rsync(bench, work, files, repeat)
+    # Last: it points the inventory at the link.
+    links = {f"rtt_{rtt * 1000:g}ms": over_link(bench, work, rtt, repeat, lambda: _all_ended(bench)) for rtt in LINK_RTTS}
+    _all_ended(bench)  # the last launch's jobs write under the scratch directory, which is removed next
+    return {"ssh_true_s": ssh_true, **commands, **deploys, "over_a_link": links}
 
-    def all_ended() -> None:
-        def ended() -> bool:
-            jobs = bench.poll()
-            return len(jobs) == JOBS and all(j["state"] == "succeeded" for j in jobs.values())
 
-        wait_for(ended, 120, "40 jobs to finish")
+def _all_ended(bench: Bench) -> None:
+    """Wait for the 40 launched jobs to have succeeded."""
+    def ended() -> bool:
+        jobs = bench.poll()
+        return len(jobs) == JOBS and all(j["state"] == "succeeded" for j in jobs.values())
 
+    wait_for(ended, 120, "40 jobs to finish")
+
+
+def _status_and_launch(bench: Bench, ssh_true: float, repeat: int) -> dict[str, Any]:
+    """`status` and `launch` of 40 jobs: the host's commands alone, then as typed against `ssh host true`."""
+    assert bench.sshd is not None
+    all_ended = lambda: _all_ended(bench)  # noqa: E731
     launch_commands = once(bench, lambda h: h.call("launch", specs=_specs(bench)))
     all_ended()
     launch = median_seconds(lambda: once(bench, lambda h: h.call("launch", specs=_specs(bench))), 1)
@@ -183,6 +192,24 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
 
     typed_launch = paired(lambda: bench.inv("launch", "--stage", "prep"), ssh, repeat, before=all_ended)
     all_ended()
+    return {
+        "status_40_jobs": {"remote_commands": status_commands, "seconds": status, "ratio_to_ssh_true": status / ssh_true,
+                           "inv_seconds": inv_status, "inv_ratio_to_ssh_true": inv_status / ssh_true},
+        "launch_40_jobs": {"remote_commands": launch_commands, "seconds": launch, "ratio_to_ssh_true": launch / ssh_true},
+        "inv_status_as_typed_vs_ssh_true": typed_status,
+        "inv_status_json_as_typed_vs_ssh_true": typed_json,
+        "inv_status_as_typed_cold_vs_ssh_true": cold_status,
+        "inv_version_as_typed_vs_ssh_true": floor,
+        "inv_launch_40_as_typed_vs_ssh_true": typed_launch,
+    }
+
+
+def _deploys_vs_rsync(bench: Bench, work: Path, files: dict[str, str], repeat: int) -> dict[str, Any]:
+    """aerie's deploy of the 200-file tree against rsync's: nothing changed, then one file changed."""
+    assert bench.sshd is not None
+
+    def deploy_once(host: RemoteHost) -> None:
+        sync.push(host, sync.plan(host, files), bench.checkout) if not sync.plan(host, files).is_noop else None
 
     noop_commands = once(bench, deploy_once)
     noop = median_seconds(lambda: once(bench, deploy_once), repeat)
@@ -206,24 +233,11 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
 
     one_file = median_seconds(aerie_change, repeat)
     rsync_one = median_seconds(rsync_change, repeat)
-    # Last: it points the inventory at the link.
-    links = {f"rtt_{rtt * 1000:g}ms": over_link(bench, work, rtt, repeat, all_ended) for rtt in LINK_RTTS}
-    all_ended()  # the last launch's jobs write under the scratch directory, which is removed next
     return {
-        "ssh_true_s": ssh_true,
-        "status_40_jobs": {"remote_commands": status_commands, "seconds": status, "ratio_to_ssh_true": status / ssh_true,
-                           "inv_seconds": inv_status, "inv_ratio_to_ssh_true": inv_status / ssh_true},
-        "launch_40_jobs": {"remote_commands": launch_commands, "seconds": launch, "ratio_to_ssh_true": launch / ssh_true},
-        "inv_status_as_typed_vs_ssh_true": typed_status,
-        "inv_status_json_as_typed_vs_ssh_true": typed_json,
-        "inv_status_as_typed_cold_vs_ssh_true": cold_status,
-        "inv_version_as_typed_vs_ssh_true": floor,
-        "inv_launch_40_as_typed_vs_ssh_true": typed_launch,
         "deploy_noop_200_files": {"remote_commands": noop_commands, "seconds": noop, "rsync_seconds": rsync_noop,
                                   "ratio_to_rsync": noop / rsync_noop},
         "deploy_one_changed_200_files": {"seconds": one_file, "rsync_seconds": rsync_one,
                                          "ratio_to_rsync": one_file / rsync_one},
-        "over_a_link": links,
     }
 
 

@@ -100,6 +100,33 @@ def batches(samples: list[Any], size: int, seed: int) -> Iterator[list[Any]]:
         yield [samples[i] for i in order[start : start + size]]
 
 
+def optimizer_for(draft: Eagle3Draft, learning_rate: float, total_steps: int, state: TrainState):
+    """AdamW over the draft's trainable weights and a cosine schedule over `total_steps`,
+    both as `state` left them (a fresh state: as new)."""
+    optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=learning_rate)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 0.5 * (1 + math.cos(math.pi * i / max(total_steps, 1))))
+    if state.optimizer:
+        optimizer.load_state_dict(state.optimizer)
+    if state.schedule:
+        schedule.load_state_dict(state.schedule)
+    return optimizer, schedule
+
+
+def train_step(draft: Eagle3Draft, batch: Batch, head: torch.Tensor, steps: int, optimizer, schedule) -> tuple[float, list[float]]:
+    """One optimizer step on `batch` (moved to the head's device; gradients clipped at 0.5):
+    its loss and per-step accuracies."""
+    device = head.device
+    batch = Batch(*(t.to(device) for t in (batch.input_ids, batch.loss_mask, batch.aux, batch.final)))
+    with autocast(device):
+        loss, accuracies = ttt_loss(draft, batch, head, steps)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
+    optimizer.step()
+    schedule.step()
+    return float(loss.detach()), accuracies
+
+
 def train(
     draft: Eagle3Draft,
     head: torch.Tensor,
@@ -128,15 +155,10 @@ def train(
     at the end of every epoch; the final state is returned. `schedule_steps`
     sizes the cosine schedule when this call is one part of a longer run (a chunk).
     """
-    device, dtype = head.device, draft.fc.weight.dtype
-    optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=learning_rate)
-    total_steps = schedule_steps or epochs * math.ceil(len(samples) / batch_size)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 0.5 * (1 + math.cos(math.pi * i / max(total_steps, 1))))
+    dtype = draft.fc.weight.dtype
     state = state or TrainState()
-    if state.optimizer:
-        optimizer.load_state_dict(state.optimizer)
-    if state.schedule:
-        schedule.load_state_dict(state.schedule)
+    total_steps = schedule_steps or epochs * math.ceil(len(samples) / batch_size)
+    optimizer, schedule = optimizer_for(draft, learning_rate, total_steps, state)
     step = state.step
 
     def snapshot(epoch: int, position: int) -> TrainState:
@@ -150,16 +172,9 @@ def train(
             if index < skip:
                 continue
             batch = collate([load(s) for s in chunk], max_length, dtype)
-            batch = Batch(*(t.to(device) for t in (batch.input_ids, batch.loss_mask, batch.aux, batch.final)))
-            with autocast(device):
-                loss, accuracies = ttt_loss(draft, batch, head, steps)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
-            optimizer.step()
-            schedule.step()
+            loss, accuracies = train_step(draft, batch, head, steps, optimizer, schedule)
             step += 1
-            on_step(step, float(loss.detach()), accuracies, len(chunk) if epoch == 0 else 0)
+            on_step(step, loss, accuracies, len(chunk) if epoch == 0 else 0)
             if on_checkpoint and checkpoint_every and step % checkpoint_every == 0:
                 on_checkpoint(snapshot(epoch, index + 1))
         on_epoch(epoch + 1)
