@@ -13,7 +13,7 @@ import torch
 from remote.eagle3 import StageInputError
 from remote.eagle3.shards import ShardStore, load_sample
 from remote.progress import Progress
-from remote.stages import extract as extract_stage
+from remote.stages import extract
 from tests.pipeline_fixtures import (
     EXTRACT_SETTINGS,
     RECORDS,
@@ -63,7 +63,7 @@ def test_a_kimi_shaped_one_layer_extraction_is_refused_naming_7168_and_21504(tmp
     env = stage_env(tmp_path, "extract", {"layers": [59], "draft_config": str(draft)}, {"target": {"model": str(target)}})
 
     with pytest.raises(StageInputError, match=r"extraction writes 7168 \(1 x hidden 7168, layers \[59\]\) .* expects 21504"):
-        extract_stage.plan(context(env))
+        extract.plan(context(env))
 
 
 def test_layer_ids_sglang_never_captures_are_refused(tmp_path: Path, tiny_target: Path) -> None:
@@ -71,7 +71,7 @@ def test_layer_ids_sglang_never_captures_are_refused(tmp_path: Path, tiny_target
     env = stage_env(tmp_path, "extract", {"layers": [1, 2, 3]}, {"target": {"model": str(tiny_target)}})
 
     with pytest.raises(StageInputError, match=r"\[3\] out of range for a 4-layer LlamaForCausalLM target.*0\.\.2"):
-        extract_stage.plan(context(env))
+        extract.plan(context(env))
 
 
 def test_prep_output_without_a_release_is_refused_as_older_or_failed(tmp_path: Path, tiny_target: Path) -> None:
@@ -79,10 +79,10 @@ def test_prep_output_without_a_release_is_refused_as_older_or_failed(tmp_path: P
     env = stage_env(tmp_path, "extract", EXTRACT_SETTINGS, {"target": {"model": str(tiny_target)}})
 
     with pytest.raises(StageInputError, match="lacks release: it comes from an older aerie"):
-        extract_stage.plan(context(env))
+        extract.plan(context(env))
     (tmp_path / "data" / "A1" / "prep" / "manifest.json").unlink()
     with pytest.raises(StageInputError, match="prep has not succeeded"):
-        extract_stage.plan(context(env))
+        extract.plan(context(env))
 
 
 def test_stored_states_equal_a_direct_forward_pass_for_the_chosen_layers(extracted: dict, tiny_target: Path) -> None:
@@ -138,7 +138,7 @@ def test_a_restart_keeps_complete_shards_and_redoes_a_torn_one(extracted: dict, 
     (output / "manifest.json").unlink()
     progress = Progress()
 
-    manifest = extract_stage.run(context(env), progress)
+    manifest = extract.run(context(env), progress)
 
     assert {p.name: p.stat().st_mtime_ns for p in (output / "shard-00000").iterdir()} == kept
     assert not torn.exists()
@@ -162,7 +162,7 @@ def test_shards_stored_under_the_old_meaning_of_the_ids_are_redone(extracted: di
     progress, notes = Progress(), []
     progress.note = lambda message, note=progress.note: (notes.append(message), note(message))
 
-    manifest = extract_stage.run(context(env), progress)
+    manifest = extract.run(context(env), progress)
 
     assert "inputs changed since the last run: starting over" in notes
     assert all(p.stat().st_mtime_ns != before[p.name] for p in (output / "shard-00000").iterdir() if p.name in before)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from remote import __main__ as verbs
+import remote.__main__
 from remote import jobs
 from remote.logfile import CappedLog
 from remote.states import JobState
@@ -110,7 +110,7 @@ def test_stop_and_rerun_end_what_a_killed_supervisor_left_running(root: Path) ->
     os.kill(record(root, "B")["pid"], signal.SIGKILL)
     # NOTE: kill returns before the kernel has ended the supervisor; a rerun of a live one is refused.
     wait_for(lambda: state_of(root, "B")["state"] == "died", 10, "B to be died")
-    relaunched = verbs.rerun({"root": str(root), "datasets": ["B"], "specs": {"B/prep": spec("B", "records=1")}})
+    relaunched = remote.__main__.rerun({"root": str(root), "datasets": ["B"], "specs": {"B/prep": spec("B", "records=1")}})
     assert [r["dataset"] for r in relaunched if r["launched"]] == ["B"]
     assert not is_running(grandchild)
     assert wait_ended(root, "B")["state"] == "succeeded"
@@ -227,7 +227,7 @@ def test_one_corrupt_job_is_listed_broken_and_status_and_rerun_carry_on(root: Pa
     assert shown["A"]["state"] == "succeeded" and shown["A"]["records"] == 3
     assert shown["B"]["state"] == "broken" and shown["B"]["message"].startswith("broken: "), shown["B"]
 
-    relaunched = verbs.rerun({"root": str(root), "specs": {"B/prep": spec("B", "records=2")}})
+    relaunched = remote.__main__.rerun({"root": str(root), "specs": {"B/prep": spec("B", "records=2")}})
     assert [r["dataset"] for r in relaunched if r["launched"]] == ["B"]
     assert wait_ended(root, "B")["state"] == "succeeded"
 
@@ -249,14 +249,14 @@ def test_the_host_command_answers_with_a_broken_job_listed(root: Path) -> None:
 
 @E2E
 def test_a_launch_of_many_jobs_answers_before_their_supervisors_start_and_all_run(root: Path) -> None:
-    answer = verbs.launch({"root": str(root), "specs": [spec(f"J{i}", "records=2") for i in range(4)]})
+    answer = remote.__main__.launch({"root": str(root), "specs": [spec(f"J{i}", "records=2") for i in range(4)]})
     assert [r["launched"] for r in answer] == [True] * 4 and all(r["where"].startswith("starting") for r in answer)
     for i in range(4):
         assert wait_ended(root, f"J{i}", timeout=90)["state"] == "succeeded"
         # NOTE: a supervisor writes its last state just before it exits; until it has, a relaunch is refused.
         wait_for(lambda: not is_running(record(root, f"J{i}")["pid"]), 10, f"J{i}'s supervisor to exit")
-    again = verbs.launch({"root": str(root), "specs": [spec("J0", "records=1 hold=120"), spec("J1", "records=1 hold=120")]})
-    refused = verbs.launch({"root": str(root), "specs": [spec("J0", "records=1"), spec("J1", "records=1")]})
+    again = remote.__main__.launch({"root": str(root), "specs": [spec("J0", "records=1 hold=120"), spec("J1", "records=1 hold=120")]})
+    refused = remote.__main__.launch({"root": str(root), "specs": [spec("J0", "records=1"), spec("J1", "records=1")]})
     assert [r["launched"] for r in again] == [True, True] and [r["launched"] for r in refused] == [False, False]
     assert all("already running" in r["reason"] for r in refused)
     for i in range(2):
@@ -273,7 +273,7 @@ def test_each_works_every_job_at_once_in_order_and_raises_a_failure_after_the_re
             together.wait()
         return index * index
 
-    assert verbs.each(work, list(range(20))) == [i * i for i in range(20)]
+    assert remote.__main__.each(work, list(range(20))) == [i * i for i in range(20)]
 
     done: list[int] = []
 
@@ -283,17 +283,17 @@ def test_each_works_every_job_at_once_in_order_and_raises_a_failure_after_the_re
         done.append(index)
 
     with pytest.raises(OSError, match="No space left"):
-        verbs.each(fails_once, list(range(20)))
+        remote.__main__.each(fails_once, list(range(20)))
     assert sorted(done) == [i for i in range(20) if i != 3]  # one job's failure never skips another's
-    assert verbs.each(fails_once, []) == []
+    assert remote.__main__.each(fails_once, []) == []
 
 
 def test_the_host_s_status_and_launch_load_only_what_they_use(tmp_path: Path) -> None:
     # Every `inv status` and `inv launch` starts Python on the host. concurrent.futures (with the logging
     # it imports) took longer to import than 40 jobs took to record; typing is 5-10% of the host's
     # status; a dataclass would bring inspect.
-    probe = ("import sys; from remote import __main__ as verbs; print(verbs.each(abs, [-1, -2]), "
-             "verbs.status({'root': sys.argv[1]})['jobs'], "
+    probe = ("import sys; import remote.__main__; print(remote.__main__.each(abs, [-1, -2]), "
+             "remote.__main__.status({'root': sys.argv[1]})['jobs'], "
              "sorted(m for m in ('concurrent.futures', 'logging', 'typing', 'inspect', 'dataclasses') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-S", "-c", probe, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
                           check=True)
@@ -328,7 +328,7 @@ def test_a_job_whose_starter_died_before_starting_it_is_died_and_can_be_rerun(ro
         "starting": {"pid": gone.pid, "pid_start": "1"}, "started_at": 1.0}))
     died = state_of(root, "A")
     assert died["state"] == "died" and "its starter" in died["message"]
-    assert [r["launched"] for r in verbs.rerun({"root": str(root)})] == [True]
+    assert [r["launched"] for r in remote.__main__.rerun({"root": str(root)})] == [True]
     assert wait_ended(root, "A")["state"] == "succeeded"
 
 
@@ -501,7 +501,7 @@ def test_a_sigterm_not_from_inv_stop_ends_the_job_died_with_the_signal_named_and
     assert ended["message"].startswith("killed by SIGTERM, not by `inv stop`"), ended["message"]
     assert JobState(ended["state"]).is_bad()
     wait_for(lambda: not is_running(supervisor), 10, "the supervisor to exit")
-    relaunched = verbs.rerun({"root": str(root), "specs": {"A/prep": spec("A", "records=1")}})
+    relaunched = remote.__main__.rerun({"root": str(root), "specs": {"A/prep": spec("A", "records=1")}})
     assert [r["dataset"] for r in relaunched if r["launched"]] == ["A"]
     assert wait_ended(root, "A")["state"] == "succeeded"
 
@@ -555,9 +555,9 @@ def test_a_slurm_job_cancelled_by_anyone_but_inv_stop_is_died() -> None:
 @pytest.mark.parametrize("case", ["the pid handed on (another start time)", "another boot, with the same start time"])
 def test_evals_leftover_server_record_never_gets_a_process_that_is_not_ours_signalled(
         tmp_path: Path, bystander: subprocess.Popen[bytes], case: str) -> None:
-    from remote.stages import eval as evaluation
+    import remote.stages.eval
 
     record = tmp_path / "server.json"
     record.write_text(json.dumps(_records_of(bystander)[case]))
-    evaluation.stop_leftover_server(record)
+    remote.stages.eval.stop_leftover_server(record)
     assert bystander.poll() is None and not record.exists()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from remote import slurm as client
+from remote import slurm
 from remote.slurm import STATE_MAP, SlurmError, SlurmJob, job_state
 from remote.states import JobState
 
@@ -48,7 +48,7 @@ def test_query_reads_ids_squeue_forgot_from_the_last_line_of_the_job_completion_
     squeue = "8|PENDING|Priority||0|\n9|FAILED|NonZeroExitCode|gpu01|512|\n10|CANCELLED|None|gpu01|15|\n"
     calls = fake_run(monkeypatch, stdout=squeue)
 
-    jobs = client.query(["5", "6", "7", "8", "9", "10", "11"], jobcomp=log)
+    jobs = slurm.query(["5", "6", "7", "8", "9", "10", "11"], jobcomp=log)
 
     assert len(calls) == 1 and calls[0][0][:3] == ["squeue", "--noheader", "--states=all"]
     assert jobs == {
@@ -65,19 +65,19 @@ def test_query_reads_ids_squeue_forgot_from_the_last_line_of_the_job_completion_
 def test_query_of_ids_squeue_knows_none_of_is_not_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_run(monkeypatch, returncode=1, stderr="slurm_load_jobs error: Invalid job id specified\n")
 
-    assert client.query(["12"], jobcomp=tmp_path / "absent.log") == {}
+    assert slurm.query(["12"], jobcomp=tmp_path / "absent.log") == {}
 
 
 def test_query_reports_squeue_failing(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_run(monkeypatch, returncode=1, stderr="squeue: error: Unable to contact slurm controller (connect failure)\n")
 
     with pytest.raises(SlurmError, match="^squeue: error: Unable to contact slurm controller"):
-        client.query(["12"])
+        slurm.query(["12"])
 
 
 def test_query_refuses_what_is_not_a_job_id() -> None:
     with pytest.raises(SlurmError, match="^'12; rm' is not a Slurm job id$"):
-        client.query(["12; rm"])
+        slurm.query(["12; rm"])
 
 
 def test_submit_builds_one_sbatch_line_with_its_options_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,7 +85,7 @@ def test_submit_builds_one_sbatch_line_with_its_options_and_environment(tmp_path
     script.write_text("#!/bin/sh\n")
     calls = fake_run(monkeypatch, stdout="42;cluster\n")
 
-    job_id = client.submit(
+    job_id = slurm.submit(
         script, job_name="prep-a", output=tmp_path / "%j.log", partition="gpu", gpus=1, cpus=8, mem="32G",
         time="1-00:00:00", account="lab", extra=["--qos=high"], dependency=["40", "41"], env={"AERIE_ROOT": "/s"},
     )
@@ -108,12 +108,12 @@ def test_submit_refuses_bad_arguments_before_running_sbatch(tmp_path: Path, opti
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/sh\n")
     with pytest.raises(SlurmError, match=message):
-        client.submit(script, **{"job_name": "a", "output": tmp_path / "log", **options})
+        slurm.submit(script, **{"job_name": "a", "output": tmp_path / "log", **options})
 
 
 def test_submit_refuses_a_missing_script(tmp_path: Path) -> None:
     with pytest.raises(SlurmError, match="does not exist$"):
-        client.submit(tmp_path / "absent.sh", job_name="a", output=tmp_path / "log")
+        slurm.submit(tmp_path / "absent.sh", job_name="a", output=tmp_path / "log")
 
 
 def test_submit_reports_sbatch_refusing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,7 +122,7 @@ def test_submit_reports_sbatch_refusing(tmp_path: Path, monkeypatch: pytest.Monk
     fake_run(monkeypatch, returncode=1, stderr="sbatch: error: invalid partition specified: gpu\n")
 
     with pytest.raises(SlurmError, match="^sbatch: error: invalid partition specified: gpu$"):
-        client.submit(script, job_name="a", output=tmp_path / "log", partition="gpu")
+        slurm.submit(script, job_name="a", output=tmp_path / "log", partition="gpu")
 
 
 def fake_run(monkeypatch: pytest.MonkeyPatch, stdout: str = "", stderr: str = "", returncode: int = 0) -> list[tuple[list[str], dict]]:
@@ -133,5 +133,5 @@ def fake_run(monkeypatch: pytest.MonkeyPatch, stdout: str = "", stderr: str = ""
         calls.append((argv, dict(env or {})))
         return subprocess.CompletedProcess(argv, returncode, stdout, stderr)
 
-    monkeypatch.setattr(client, "_run", run)
+    monkeypatch.setattr(slurm, "_run", run)
     return calls

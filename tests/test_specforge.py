@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from remote.eagle3 import StageInputError, checkpoint, draft_config
-from remote.eagle3 import specforge as sf
+from remote.eagle3 import specforge
 from remote.eagle3.target import read_embed_and_head, read_shape
 from remote.progress import Progress
-from remote.stages import train as train_stage
+from remote.stages import train
 from tests.pipeline_fixtures import (
     EXTRACT_SETTINGS, REPO, TINY_LAYERS, context, extracted, make_records, run_stage, stage_env, tiny_target, vocab_size,
     write_prep,
@@ -83,7 +83,7 @@ def bf16_extracted(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) 
 def run_train(root: Path, target: Path, name: str, settings: dict, progress: Progress | None = None, **config) -> tuple[dict, Path]:
     env = stage_env(root, "train", {"engine": "specforge", "epochs": 2, **settings}, {"target": {"model": str(target)}}, dataset=name)
     env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), **config})
-    return train_stage.run(context(env), progress or Progress()), Path(env["AERIE_OUTPUT"])
+    return train.run(context(env), progress or Progress()), Path(env["AERIE_OUTPUT"])
 
 
 def calls(host: dict) -> list[dict]:
@@ -165,8 +165,8 @@ def test_the_online_run_hands_specforge_prep_s_exact_tokens_and_a_config_its_sch
 
     manifest, out = run_train(tmp_path / "root", tiny_target, "draft", settings, prep_inputs={"A1": str(prep)})
 
-    (train, _export) = calls(host)
-    assert train["mode"] == "online" and manifest["mode"] == "online"
+    (training, _export) = calls(host)
+    assert training["mode"] == "online" and manifest["mode"] == "online"
     run_yaml = str(out / "run.yaml")
     config = load_config(run_yaml)  # SpecForge's own schema
     plan = build_launch_plan(config, algorithm=resolve_run(config).algorithm, config_path=run_yaml, env={})
@@ -193,8 +193,8 @@ def good_configs(tmp_path: Path, tiny_target: Path, draft: Path, extract: Path) 
     base = {"specforge_dir": None, "target_model": tiny_target, "draft_config": draft, "train_data": None,
             "output": tmp_path / "out", "epochs": 1, "batch_size": 1, "learning_rate": 1e-4, "max_length": 64,
             "chat_template": "unused", "ttt_steps": 3, "nproc": 1, "layers": TINY_LAYERS}
-    offline = sf.run_config(sf.SpecForgeRun(**base, hidden_states=extract))
-    online = sf.run_config(sf.SpecForgeRun(**base, hidden_states=None, prompts=prompts, vocab_mapping=tmp_path / "v.pt",
+    offline = specforge.run_config(specforge.SpecForgeRun(**base, hidden_states=extract))
+    online = specforge.run_config(specforge.SpecForgeRun(**base, hidden_states=None, prompts=prompts, vocab_mapping=tmp_path / "v.pt",
                                            server_urls=["http://127.0.0.1:30000"], mooncake=MOONCAKE))
     return {"offline": offline, "online": online}
 
@@ -319,8 +319,8 @@ def test_inv_run_on_the_online_route_trains_with_specforge_and_no_states_on_disk
 
     assert final["state"] == "succeeded", bench.inv("logs", "draft", "--stage", "train", check=False).stdout
     assert set(bench.poll()) == {"chat/prep", "draft/train", "pipeline/run"}  # no extract
-    (train,) = [c for c in calls(host) if c["cli"] == "train"]
-    assert train["mode"] == "online" and train["config"]["model"]["aux_hidden_state_layer_ids"] == TINY_LAYERS
+    (training,) = [c for c in calls(host) if c["cli"] == "train"]
+    assert training["mode"] == "online" and training["config"]["model"]["aux_hidden_state_layer_ids"] == TINY_LAYERS
     assert_sglang_draft(bench.root / "data" / "draft" / "train", target)
 
 

@@ -12,10 +12,10 @@ from remote.eagle3 import StageInputError, checkpoint
 from remote.eagle3.model import Eagle3Draft
 from remote.eagle3.shards import ShardStore, load_sample
 from remote.eagle3.target import read_embed_and_head, read_shape
-from remote.eagle3.trainer import train
+from remote.eagle3 import trainer
 from remote.eagle3.vocab import build_mapping
 from remote.progress import Progress
-from remote.stages import train as train_stage
+from remote.stages import train
 from tests.pipeline_fixtures import TINY_LAYERS, context, extracted, read_progress, run_stage, stage_env, tiny_target
 
 __all__ = ["extracted", "tiny_target"]  # fixtures used below
@@ -126,7 +126,7 @@ def test_a_saved_draft_reloads_with_identical_outputs(extracted: dict, tiny_targ
         draft.d2t.copy_(d2t)
         draft.t2d.copy_(t2d)
     files = ShardStore(Path(extracted["env"]["AERIE_OUTPUT"])).sample_files()[:4]
-    train(draft, head, files, load_sample, epochs=1, batch_size=2, learning_rate=1e-3, steps=2, max_length=64,
+    trainer.train(draft, head, files, load_sample, epochs=1, batch_size=2, learning_rate=1e-3, steps=2, max_length=64,
           on_step=lambda *a: None, on_epoch=lambda e: None)  # fmt: skip
 
     reloaded = checkpoint.load(checkpoint.save(draft, tmp_path / "draft"), embed)
@@ -174,7 +174,7 @@ def test_train_refuses_states_narrower_than_the_draft_expects(tmp_path: Path, ti
     env = stage_env(tmp_path, "train", {}, {"target": {"model": str(tiny_target)}})
 
     with pytest.raises(StageInputError, match=r"states are 64 wide .* expects 192"):
-        train_stage.run(context(env), Progress())
+        train.run(context(env), Progress())
 
 
 def test_train_refuses_states_kept_under_the_old_meaning_of_the_layer_ids(tmp_path: Path, tiny_target: Path) -> None:
@@ -186,7 +186,7 @@ def test_train_refuses_states_kept_under_the_old_meaning_of_the_layer_ids(tmp_pa
     env = stage_env(tmp_path, "train", {}, {"target": {"model": str(tiny_target)}})
 
     with pytest.raises(StageInputError, match=r"lacks hidden_states: it comes from an older aerie; rerun extract"):
-        train_stage.run(context(env), Progress())
+        train.run(context(env), Progress())
 
 
 def test_train_refuses_when_extract_has_not_succeeded(tmp_path: Path, tiny_target: Path) -> None:
@@ -224,14 +224,14 @@ def test_a_train_run_stopped_mid_epoch_resumes_to_the_same_draft_as_an_unbroken_
     broken = stage_env(extracted["root"], "train", settings, shared, dataset="broken")
     for env in (unbroken, broken):  # both read A1's states
         env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [extracted["env"]["AERIE_OUTPUT"]]})
-    train_stage.run(context(unbroken), Progress())
+    train.run(context(unbroken), Progress())
 
     _crash_after(monkeypatch, 7)  # epoch 2's second batch; the last checkpoint is step 6 (epoch 2, batch 1)
     with pytest.raises(KeyboardInterrupt):
-        train_stage.run(context(broken), Progress())
+        train.run(context(broken), Progress())
     monkeypatch.undo()
     progress = Progress()
-    manifest = train_stage.run(context(broken), progress)
+    manifest = train.run(context(broken), progress)
 
     assert manifest["resumed_from_step"] == 6 and manifest["steps"] == 10
     history = json.loads((Path(broken["AERIE_OUTPUT"]) / "history.json").read_text())
@@ -254,10 +254,10 @@ def test_a_finished_train_run_rerun_takes_no_step_and_keeps_its_draft(
         env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [extracted["env"]["AERIE_OUTPUT"]]})
         return env
 
-    first = train_stage.run(context(env_of("epoch 1, chunk 1")), Progress())
+    first = train.run(context(env_of("epoch 1, chunk 1")), Progress())
 
-    again = train_stage.run(context(env_of("epoch 1, chunk 1")), Progress())
-    next_pass = train_stage.run(context(env_of("epoch 2, chunk 1")), Progress())
+    again = train.run(context(env_of("epoch 1, chunk 1")), Progress())
+    next_pass = train.run(context(env_of("epoch 2, chunk 1")), Progress())
 
     assert first["steps"] == again["steps"] == 5 and again["resumed_from_step"] == 5
     assert again["last_loss"] == first["last_loss"]
