@@ -217,6 +217,7 @@ def load_draft(directory: str) -> dict[str, Any]:
     """aerie's draft checkpoint in `directory` loaded by SGLang's ``LlamaForCausalLMEagle3.load_weights``,
     every parameter NaN first (the loader skips names it does not know, silently): what is still NaN,
     the loaded tensors that differ from the file's, and whether ``hot_token_id`` is ``d2t + arange``."""
+    install()  # NOTE: first, also when this is the child's first call (an xdist worker may start here)
     import torch
     from safetensors.torch import load_file
     from transformers import LlamaConfig
