@@ -6,7 +6,7 @@ the recited answer, which is trained), split over three datasets, then runs
 as the supervisor would:
 
 - ``offline``: the extract stage per dataset, then the train stage over every dataset's states;
-- ``chunked_passes_1``: `remote.chunked` with a budget of about a third of the states, one
+- ``chunked_passes_1``: `remote.orchestration.chunked` with a budget of about a third of the states, one
   forward pass of the target (each chunk trained every epoch while on disk: the default);
 - ``chunked_passes_E``: the same, re-extracting every chunk every epoch (``passes = epochs``).
 
@@ -112,7 +112,7 @@ def offline(root: Path, target: Path, names: list[str]) -> dict[str, Any]:
 
 
 def chunked_route(root: Path, target: Path, names: list[str], passes: int) -> dict[str, Any]:
-    from remote import chunked
+    from remote.orchestration import chunked
     from remote.sizing import bytes_per_token, stored_bytes
 
     tokens = sum(json.loads((root / "data" / n / "prep" / "manifest.json").read_text())["tokens"]["total"] for n in names)
@@ -124,7 +124,7 @@ def chunked_route(root: Path, target: Path, names: list[str], passes: int) -> di
               "stage": {"disk_budget": budget, "extract": settings("extract", {**EXTRACT, "passes": passes}),
                         "train": settings("train", TRAIN)}}
     started = time.perf_counter()
-    stage(root, "draft", "chunked", config, "remote.chunked")
+    stage(root, "draft", "chunked", config, "remote.orchestration.chunked")
     seconds = time.perf_counter() - started
     manifest = json.loads((root / "data" / "draft" / "chunked" / "manifest.json").read_text())
     return {"seconds": round(seconds, 1), "accept_length": manifest["accept_length"], "chunks": manifest["chunks"],

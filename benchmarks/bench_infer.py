@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from remote.progress import Progress
+from remote.control_plane.progress import Progress
 from remote.stages import StageContext
 from remote.stages import infer
 from benchmarks.harness.infer_servers import Server, build_tiny_model, make_prompts, stage_env, write_prep

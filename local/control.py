@@ -12,7 +12,7 @@ from local.cli import RICH_SYNTAX
 from local.exceptions import AerieError
 from local.host import RemoteHost
 from local.visible import VisibleStream, visible
-from remote.states import BAD, DRAFT, RUNNER, JobState
+from remote.control_plane.states import BAD, DRAFT, RUNNER, JobState
 
 if TYPE_CHECKING:  # rich is imported where a table or a live view is drawn: not for a deploy that sends nothing
     from rich.console import Console

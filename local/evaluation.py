@@ -16,7 +16,7 @@ from local import job_specs
 from local.exceptions import AerieError
 from local.graph import GPU_STAGES
 from local.visible import visible, visible_all
-from remote.states import DRAFT, RUNNER, JobState
+from remote.control_plane.states import DRAFT, RUNNER, JobState
 
 if TYPE_CHECKING:  # the schema and rich load only when `inv eval` runs, not with every task
     from rich.console import Console

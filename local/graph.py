@@ -1,11 +1,11 @@
-"""`inv run`: the whole pipeline as a graph of jobs, which the host's runner (remote/runner.py) executes.
+"""`inv run`: the whole pipeline as a graph of jobs, which the host's runner (remote/orchestration/runner.py) executes.
 
 Per dataset: ``prep``; for a prompts dataset then ``infer`` (the target answers
 the prompts) and ``tokenize`` (prep over those answers). Then, by the route the
 run takes (`stages.extract.route`; for ``auto``, the one `inv plan` finds fits):
 
 - ``offline``: every dataset's ``extract``, then one ``draft/train`` over every dataset's states;
-- ``chunked``: one ``draft/chunked`` job (`remote/chunked.py`) in place of the extracts
+- ``chunked``: one ``draft/chunked`` job (`remote/orchestration/chunked.py`) in place of the extracts
   and the train, needing every dataset's prep (tokenize for a prompts dataset);
 - ``online``: no extract; ``draft/train`` (SpecForge with the target alongside) needs the prep outputs.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from local.job_specs import on_host, placement, spec, stage_config
-from remote.states import DRAFT, RUNNER
+from remote.control_plane.states import DRAFT, RUNNER
 
 if TYPE_CHECKING:
     from local.inventory import Inventory
@@ -27,7 +27,7 @@ GPU_STAGES = {"infer", "extract", "train"}
 
 def node(spec: dict[str, Any], needs: list[str]) -> dict[str, Any]:
     stage = spec["stage"]
-    # NOTE: every node carries its executor; the host picks how the plan runs from it (remote.runner.start).
+    # NOTE: every node carries its executor; the host picks how the plan runs from it (remote.orchestration.runner.start).
     return {"key": f"{spec['dataset']}/{stage}", "needs": needs, "gpu": stage in GPU_STAGES,
             "server": stage == "infer", "spec": spec}
 
@@ -77,7 +77,7 @@ def draft_train(inventory: Inventory, first: str, inputs: dict[str, Any]) -> dic
 
 
 def draft_chunked(inventory: Inventory, preps: dict[str, str]) -> dict[str, Any]:
-    """`draft/chunked`: extract and train chunk by chunk (`remote/chunked.py`), with both stages' settings."""
+    """`draft/chunked`: extract and train chunk by chunk (`remote/orchestration/chunked.py`), with both stages' settings."""
     extract, training = inventory.stages.extract, inventory.stages.train
     root = inventory.host.root
     return {

@@ -10,7 +10,7 @@ from local.exceptions import AerieError, NotDeployed
 from local.paths import ENV_NAME, REPO
 from local.commands import Result
 from local.transport import Transport, open_transport
-from remote.wire import decode
+from remote.control_plane.wire import decode
 
 if TYPE_CHECKING:
     from local.inventory import Inventory
@@ -20,7 +20,7 @@ NOT_DEPLOYED = 90  # the exit code of the guard in front of every job command
 #: virtualenv's site (its .pth files, editable installs) can cost more than the verb itself.
 #: Jobs they start are new interpreters with their site.
 BARE_VERBS = frozenset({"status", "launch", "run", "rerun", "stop", "logs", "eval_report"})
-RELEASE_AGENT = (REPO / "remote" / "release.py").read_text()
+RELEASE_AGENT = (REPO / "remote" / "control_plane" / "release.py").read_text()
 #: Longer JSON arguments go on stdin: Linux refuses one argument over 128 KiB (MAX_ARG_STRLEN), which
 #: the specs of a launch of about 120 jobs reach.
 INLINE_ARGS = 64 * 1024

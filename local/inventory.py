@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from local.exceptions import AerieError
 from local.paths import ENV_NAME, INVENTORIES, REPO, resolve_path  # noqa: F401 (also this module's API)
-from remote.states import DRAFT, RUNNER
+from remote.control_plane.states import DRAFT, RUNNER
 
 
 #: A dataset name becomes a directory on the host and a word in its commands: a safe identifier only.
@@ -308,7 +308,7 @@ class Inventory(Strict):
 
     @property
     def executor(self) -> str:
-        """The host-side executor of every job (remote/executors.py): the one place that maps the backend to it."""
+        """The host-side executor of every job (remote/control_plane/executors.py): the one place that maps the backend to it."""
         return "slurm" if self.backend == "slurm" else "process"
 
     @property

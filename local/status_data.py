@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from remote.states import JobState
+from remote.control_plane.states import JobState
 
 Job = dict[str, Any]
 UNREACHABLE = "unreachable"

@@ -35,7 +35,7 @@ from rich.text import Text
 
 from local.status_data import UNREACHABLE, Job
 from local.visible import visible, visible_all
-from remote.states import JobState
+from remote.control_plane.states import JobState
 
 STATE_STYLES = {
     JobState.WAITING: "dim",

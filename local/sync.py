@@ -3,7 +3,7 @@
 Round trips: one to read the host's current manifest (a `cat`: no Python starts
 on the host for a deploy that sends nothing), one to send the changed files as a
 gzip tar on stdin; the host assembles the release beside the old one and
-switches `current` by rename (remote/release.py).
+switches `current` by rename (remote/control_plane/release.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 from local.exceptions import AerieError
 from local.host import RemoteHost
 from local.paths import REPO
-from remote.release import MANIFEST
-from remote.wire import CLOSE, OPEN, decode
+from remote.control_plane.release import MANIFEST
+from remote.control_plane.wire import CLOSE, OPEN, decode
 
 #: What a release holds: the host-side code and the sample data the `local` inventory reads.
 SHIPPED = ("remote", "inventories/samples")
@@ -88,7 +88,7 @@ LOCK_WAIT_S = 60
 def current_release(host: RemoteHost) -> dict[str, Any]:
     """The host's current manifest, read with `cat` between the payload tags; nothing deployed: no files.
 
-    The read shares the lock that a deploy's switch holds (remote/release.py), so it waits for
+    The read shares the lock that a deploy's switch holds (remote/control_plane/release.py), so it waits for
     a deploy in flight to end rather than report the release that deploy is replacing. Where
     the host has no `flock` (util-linux), or the wait runs out, the manifest is read as it is.
     """

@@ -19,7 +19,7 @@ from local import validation_cache
 from local.visible import visible, visible_all
 from local.paths import INVENTORIES, REPO
 from local.transport import LocalTransport
-from remote.wire import decode
+from remote.control_plane.wire import decode
 
 if TYPE_CHECKING:
     from rich.console import Console

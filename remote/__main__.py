@@ -1,7 +1,7 @@
 """The host's command line: ``python -m remote VERB 'JSON'``, one tagged JSON answer.
 
 Run from the current release by the workstation (over SSH or locally). Every
-verb takes one JSON object and prints one payload (`remote.wire`); a refusal is
+verb takes one JSON object and prints one payload (`remote.control_plane.wire`); a refusal is
 ``{"error": "..."}`` with exit code 2.
 """
 
@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from remote import eta, executors, gpus, jobs
-from remote.states import BAD, JobState
-from remote.store import BrokenJob, HostError, JobStore
-from remote.wire import emit
+from remote.control_plane import eta, executors, gpus, jobs
+from remote.control_plane.states import BAD, JobState
+from remote.control_plane.store import BrokenJob, HostError, JobStore
+from remote.control_plane.wire import emit
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:
@@ -228,7 +228,7 @@ def logs(args: dict[str, Any]) -> None:
         if not args.get("follow") or state.is_terminal():
             raise HostError(f"{directory.parent.name}/{directory.name} has no log yet (it is {state.value})")
         time.sleep(0.25)
-    from remote import logfile
+    from remote.control_plane import logfile
 
     # NOTE: read from the end, a block at a time: a log may be far larger than the host's memory, and a
     # line longer than logfile.LINE_LIMIT (a progress bar without newlines) keeps only its end.
@@ -294,7 +294,7 @@ def assets(args: dict[str, Any]) -> Any:
 
 def eval_report(args: dict[str, Any]) -> Any:
     """The last `inv eval` report (remote/stages/eval.py)."""
-    from remote.progress import read_json
+    from remote.control_plane.progress import read_json
 
     report = read_json(Path(args["root"]) / "data" / "draft" / "eval" / "report.json")
     if report is None:
@@ -324,7 +324,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         result = VERBS[verb](args)
-    except HostError as exc:  # a refusal, or Slurm's own one-line error (remote.slurm.SlurmError)
+    except HostError as exc:  # a refusal, or Slurm's own one-line error (remote.control_plane.slurm.SlurmError)
         if verb == "logs":  # its stdout is the log itself
             print(exc, file=sys.stderr)
         else:

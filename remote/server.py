@@ -25,11 +25,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
-from remote import processes
+from remote.control_plane import processes
 from remote.eagle3 import StageInputError
 from remote.eagle3 import layer_ids
-from remote.jobs import tail
-from remote.progress import write_json_atomic
+from remote.control_plane.jobs import tail
+from remote.control_plane.progress import write_json_atomic
 
 
 class ServerError(Exception):

@@ -6,7 +6,7 @@ bfloat16), so 88,000 records of 2-4k tokens are 10-20 TB. The routes:
 
 - ``offline``: every state on disk, then train (fits when the states fit the budget);
 - ``chunked``: extract a chunk of records that fits, train on it, delete it, go on
-  (`remote.chunked`); fits while the largest record fits the budget;
+  (`remote.orchestration.chunked`); fits while the largest record fits the budget;
 - ``online``: SpecForge trains with the target running alongside; nothing on disk.
 
 Per route, `costs` says what it asks of the target -- its loads and the

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from remote import chunked
+from remote.orchestration import chunked
 from remote.eagle3 import StageInputError
 from benchmarks.harness.stage_settings import complete
 from tests.pipeline_fixtures import REPO, TINY_LAYERS, make_records, stage_env, tiny_target, vocab_size, write_prep
@@ -64,7 +64,7 @@ class DiskWatch:
 
 
 def launch(env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "remote.chunked"], cwd=REPO, env=env, start_new_session=True,
+    return subprocess.Popen([sys.executable, "-m", "remote.orchestration.chunked"], cwd=REPO, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -261,8 +261,8 @@ def test_inv_run_takes_the_chunked_route_shows_chunk_k_of_n_and_resumes_after_in
 
 
 def test_a_stage_s_own_estimate_is_its_time_left_counted_down_since_it_was_said() -> None:
-    from remote import eta
-    from remote.progress import Progress
+    from remote.control_plane import eta
+    from remote.control_plane.progress import Progress
 
     progress = Progress()
     progress.expect(100, by="step")
@@ -286,7 +286,7 @@ def test_epochs_spread_over_the_passes_and_each_pass_after_the_first_orders_the_
 
 
 def test_a_pass_count_outside_one_to_the_epochs_is_one_line(tmp_path: Path) -> None:
-    from remote.progress import Progress
+    from remote.control_plane.progress import Progress
     from remote.stages import StageContext
 
     ctx = StageContext(root=tmp_path, release="r", dataset="draft", stage="chunked", source="", kind="native",
@@ -299,7 +299,7 @@ def test_a_pass_count_outside_one_to_the_epochs_is_one_line(tmp_path: Path) -> N
 
 def test_the_held_out_records_are_the_offline_route_s_and_keep_to_a_quarter_of_the_budget(tmp_path: Path) -> None:
     from remote.eagle3 import heldout
-    from remote.progress import Progress
+    from remote.control_plane.progress import Progress
     from remote.stages import StageContext
 
     target = tmp_path / "target"

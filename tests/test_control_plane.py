@@ -47,23 +47,23 @@ def test_deploy_sends_everything_then_nothing_then_only_the_changed_file(bench: 
     bench.scripted({"A": "records=1"})
     first = bench.inv("deploy")
     assert "Deployed release" in first.stdout and "0 changed" in first.stdout
-    assert "remote/supervisor.py" in released_files(bench)
+    assert "remote/control_plane/supervisor.py" in released_files(bench)
     release_one = (bench.root / "current").resolve()
 
     again = bench.inv("deploy")
     assert "Nothing to deploy" in again.stdout
     assert (bench.root / "current").resolve() == release_one
 
-    (bench.checkout / "remote" / "states.py").write_text(
-        (bench.checkout / "remote" / "states.py").read_text() + "\n# edited\n")
+    (bench.checkout / "remote" / "control_plane" / "states.py").write_text(
+        (bench.checkout / "remote" / "control_plane" / "states.py").read_text() + "\n# edited\n")
     (bench.checkout / "remote" / "extra.py").write_text("VALUE = 1\n")
     changed = bench.inv("deploy")
     assert "1 added, 1 changed, 0 removed" in changed.stdout
     assert changed.stdout.count("remote/") == 2  # exactly the two paths are listed
     release_two = (bench.root / "current").resolve()
     assert release_two != release_one and release_one.exists()  # the old release is kept
-    assert (release_two / "remote" / "states.py").read_text().endswith("# edited\n")
-    assert (release_two / "remote/jobs.py").stat().st_ino == (release_one / "remote/jobs.py").stat().st_ino
+    assert (release_two / "remote" / "control_plane" / "states.py").read_text().endswith("# edited\n")
+    assert (release_two / "remote/control_plane/jobs.py").stat().st_ino == (release_one / "remote/control_plane/jobs.py").stat().st_ino
 
 
 def test_dry_run_lists_changes_and_sends_nothing(bench: Bench) -> None:

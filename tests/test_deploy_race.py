@@ -19,7 +19,7 @@ from local.exceptions import AerieError
 from local.host import RemoteHost
 from local.inventory import load
 from local.transport import LocalTransport
-from remote.release import MANIFEST
+from remote.control_plane.release import MANIFEST
 from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
 from benchmarks.harness.process_tree import descendants, process_name
 
@@ -29,12 +29,12 @@ def switch_to_another_checkouts_release(root: Path) -> str:
     current = (root / "current").resolve()
     other = root / "releases" / "20991231-235959-0the0r00"
     subprocess.run(["cp", "-al", str(current), str(other)], check=True)  # releases share inodes, as a deploy's do
-    edited = other / "remote" / "states.py"
+    edited = other / "remote" / "control_plane" / "states.py"
     text = edited.read_bytes() + b"\n# another checkout's edit\n"
     edited.unlink()
     edited.write_bytes(text)
     manifest = json.loads((other / MANIFEST).read_text())
-    manifest["id"], manifest["files"]["remote/states.py"] = other.name, hashlib.sha256(text).hexdigest()
+    manifest["id"], manifest["files"]["remote/control_plane/states.py"] = other.name, hashlib.sha256(text).hexdigest()
     (other / MANIFEST).unlink()
     (other / MANIFEST).write_text(json.dumps(manifest))
     (root / ".current.tmp").symlink_to(Path("releases") / other.name)

@@ -21,9 +21,9 @@ import pytest
 from remote.eval import reports
 from remote.eval.sglang import Measurement, Setting, launch_command
 from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
-from tests.stages import sglang_standin as standin
+from tests.stages import sglang_standin
 
-STANDIN = Path(standin.__file__)
+STANDIN = Path(sglang_standin.__file__)
 TOKENS = 40
 TOKEN_SECONDS = 0.01
 DRAFT_COST = 0.2
@@ -58,9 +58,9 @@ def eval_inventory(bench: Bench, tmp_path: Path, port: int, accept: float, grid:
 
 def expected(accept: float, point: dict) -> tuple[float, float]:
     """(accept length, speed-up) of a setting under the stand-in's model."""
-    verify = standin.verifications(TOKENS, accept, "EAGLE3", point["num_steps"], point["topk"])
-    spec = standin.seconds(TOKENS, verify, point["num_draft_tokens"], TOKEN_SECONDS, DRAFT_COST)
-    return TOKENS / verify, standin.seconds(TOKENS, None, 0, TOKEN_SECONDS, DRAFT_COST) / spec
+    verify = sglang_standin.verifications(TOKENS, accept, "EAGLE3", point["num_steps"], point["topk"])
+    spec = sglang_standin.seconds(TOKENS, verify, point["num_draft_tokens"], TOKEN_SECONDS, DRAFT_COST)
+    return TOKENS / verify, sglang_standin.seconds(TOKENS, None, 0, TOKEN_SECONDS, DRAFT_COST) / spec
 
 
 def is_listening(port: int) -> bool:
@@ -149,7 +149,7 @@ def test_the_launch_command_is_sglang_s_with_the_inventory_s_flags_and_the_setti
     assert speculative == baseline + (" --speculative-algorithm EAGLE3 --speculative-draft-model-path "
                                       "/r/data/draft/train/draft --speculative-num-steps 3 "
                                       "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
-    standin.parse(speculative.split(" ", 3)[-1].replace("'/m/Kimi K2.5'", "/m/Kimi").split())  # flags SGLang takes
+    sglang_standin.parse(speculative.split(" ", 3)[-1].replace("'/m/Kimi K2.5'", "/m/Kimi").split())  # flags SGLang takes
 
 
 def test_the_report_names_the_fastest_setting_and_warns_on_slower_serving_and_unused_drafts() -> None:

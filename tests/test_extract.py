@@ -12,7 +12,7 @@ import torch
 
 from remote.eagle3 import StageInputError
 from remote.eagle3.shards import ShardStore, load_sample
-from remote.progress import Progress
+from remote.control_plane.progress import Progress
 from remote.stages import extract
 from tests.pipeline_fixtures import (
     EXTRACT_SETTINGS,

@@ -1,6 +1,6 @@
 """The host side under faults: a killed supervisor, two runs of one job, a full disk, corrupt job files.
 
-These drive the host's own functions (remote.jobs, `python -m remote`'s verbs) on a
+These drive the host's own functions (remote.control_plane.jobs, `python -m remote`'s verbs) on a
 root whose release is this checkout, with the real supervisor and
 benchmarks/harness/scripted_stage.py as the stage: no SSH and no deploy, so each takes seconds.
 """
@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import remote.__main__
-from remote import jobs
-from remote.logfile import CappedLog
-from remote.states import JobState
-from remote.store import JobStore
+from remote.control_plane import jobs
+from remote.control_plane.logfile import CappedLog
+from remote.control_plane.states import JobState
+from remote.control_plane.store import JobStore
 from benchmarks.harness.checkout import REPO, SCRIPTED, wait_for
 
 #: Tests that start real supervisors and stages (seconds each): the end-to-end tier.
@@ -148,7 +148,7 @@ def test_two_runs_of_a_job_never_take_each_others_temporary_files(tmp_path: Path
 # -- a full disk -----------------------------------------------------------------
 
 
-FILL = ("import os, pathlib; from remote.scratch import temporary_name; "
+FILL = ("import os, pathlib; from remote.control_plane.scratch import temporary_name; "
         "out = pathlib.Path(os.environ['AERIE_OUTPUT']); "
         "f = open(out / temporary_name('conversations.jsonl'), 'wb'); "
         "[f.write(b'x' * 65536) or f.flush() for _ in iter(int, 1)]")
@@ -239,7 +239,7 @@ def test_the_host_command_answers_with_a_broken_job_listed(root: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "remote", "status", json.dumps({"root": str(root)})],
                           cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    from remote.wire import decode
+    from remote.control_plane.wire import decode
 
     assert [j["state"] for j in decode(done.stdout)["jobs"]] == ["broken"]
 
@@ -343,13 +343,13 @@ def test_corrupt_job_files_never_take_down_a_deploys_pruning(root: Path) -> None
     live = root / "jobs" / "A" / "prep"
     live.mkdir(parents=True)
     (live / "state.json").write_text(json.dumps({"state": "running", "release": "r1"}))
-    agent = runpy.run_path(str(REPO / "remote" / "release.py"), run_name="agent")  # run as deploy sends it
+    agent = runpy.run_path(str(REPO / "remote" / "control_plane" / "release.py"), run_name="agent")  # run as deploy sends it
     assert agent["in_use"](str(root)) == {"r1"}
 
 
 def test_the_logs_end_line_is_written_before_the_end_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # `inv logs --follow` stops at the end state: the log must hold its last line by then.
-    from remote import supervisor
+    from remote.control_plane import supervisor
 
     directory = tmp_path / "jobs" / "A" / "prep"
     directory.mkdir(parents=True)
@@ -393,7 +393,7 @@ def test_a_job_that_ends_between_status_s_read_and_its_liveness_check_is_not_cal
 
 
 def test_a_slurm_job_that_ends_between_status_s_read_and_slurm_s_answer_keeps_its_record(root: Path) -> None:
-    from remote.slurm import SlurmJob
+    from remote.control_plane.slurm import SlurmJob
 
     base = {"dataset": "A", "stage": "prep", "executor": "slurm", "slurm_job_id": "7", "started_at": 1.0,
             "stall_after": 600}
@@ -421,7 +421,7 @@ def bystander() -> Any:
 
 def _records_of(process: subprocess.Popen[bytes]) -> dict[str, dict[str, Any]]:
     """Records naming `process`'s pid that it cannot satisfy: each must make aerie leave it alone."""
-    from remote import processes
+    from remote.control_plane import processes
 
     real = processes.identity(process.pid)
     return {
@@ -448,7 +448,7 @@ def test_the_pipelines_server_record_never_gets_a_process_that_is_not_ours_signa
 @pytest.mark.parametrize("case", ["the pid handed on (another start time)", "another boot, with the same start time"])
 def test_a_job_record_of_a_process_that_is_not_ours_is_never_signalled(bystander: subprocess.Popen[bytes],
                                                                        case: str) -> None:
-    from remote import processes
+    from remote.control_plane import processes
 
     state = {**_records_of(bystander)[case], "pgid": bystander.pid, "state": "running", "executor": "process"}
     assert not processes.is_ours(state)
@@ -458,7 +458,7 @@ def test_a_job_record_of_a_process_that_is_not_ours_is_never_signalled(bystander
 
 
 def test_a_job_recorded_before_a_reboot_is_died_whatever_its_pid_is_now(root: Path, bystander: subprocess.Popen[bytes]) -> None:
-    from remote import processes
+    from remote.control_plane import processes
 
     directory = root / "jobs" / "A" / "prep"
     directory.mkdir(parents=True)
@@ -473,7 +473,7 @@ def test_a_job_recorded_before_a_reboot_is_died_whatever_its_pid_is_now(root: Pa
 
 
 def test_a_process_is_ours_only_with_its_start_time_and_boot(bystander: subprocess.Popen[bytes]) -> None:
-    from remote import processes
+    from remote.control_plane import processes
 
     assert processes.is_ours(processes.identity(bystander.pid))
     assert processes.is_ours({k: v for k, v in processes.identity(bystander.pid).items() if k != "boot_id"})
@@ -541,8 +541,8 @@ def test_a_failed_jobs_error_keeps_its_last_words_in_its_state(root: Path) -> No
 
 
 def test_a_slurm_job_cancelled_by_anyone_but_inv_stop_is_died() -> None:
-    from remote import slurm_jobs
-    from remote.slurm import SlurmJob
+    from remote.control_plane import slurm_jobs
+    from remote.control_plane.slurm import SlurmJob
 
     cancelled = SlurmJob("7", "CANCELLED by 0", node="n1", source="jobcomp")
     state = {"slurm_job_id": "7", "stall_after": 600, "started_at": 1.0}

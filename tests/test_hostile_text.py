@@ -150,7 +150,7 @@ def test_an_eval_reports_warnings_and_flags_are_shown_too() -> None:
 
 STAGE = '''\
 import os, sys, time
-from remote.progress import Progress
+from remote.control_plane.progress import Progress
 from remote.stages import StageContext
 
 ctx = StageContext.from_env()

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.harness.sshd import free_port
-from remote import processes, server
+from remote.control_plane import processes
+from remote import server
 from tests.infer_fixtures import ScriptedServer
 
 KIMI_LAYERS = [2, 30, 58]

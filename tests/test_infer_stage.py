@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from tests.infer_fixtures import ScriptedServer, completion, last_user, make_prompts, read_jsonl, stage_env, write_prep
 
-from remote.progress import Progress
+from remote.control_plane.progress import Progress
 from remote.stages import StageContext
 from remote.stages import infer
 

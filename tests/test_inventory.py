@@ -107,7 +107,7 @@ def test_every_value_in_the_host_command_is_quoted(tmp_path: Path) -> None:
 
 
 def test_the_host_refuses_a_job_name_that_would_leave_its_root(tmp_path: Path) -> None:
-    from remote.store import HostError, JobStore
+    from remote.control_plane.store import HostError, JobStore
 
     with pytest.raises(HostError, match="'../../etc' is not a job name"):
         JobStore(tmp_path).directory("../../etc", "prep")

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from remote import jobs, logfile
-from remote.logfile import CappedLog
+from remote.control_plane import jobs, logfile
+from remote.control_plane.logfile import CappedLog
 from benchmarks.harness.checkout import REPO, SCRIPTED, wait_for
 
 MIB = 2**20

@@ -24,7 +24,7 @@ from remote.eagle3.target import read_config
 from remote.eval.sglang import SPECULATIVE_MAX_RUNNING, Setting, batching_warnings, launch_argv, launch_command
 from tests.pipeline_fixtures import kimi_target, tiny_target
 from tests.sglang_real import sglang
-from tests.stages import sglang_standin as standin
+from tests.stages import sglang_standin
 
 __all__ = ["kimi_target", "sglang", "tiny_target"]  # fixtures used below
 
@@ -116,7 +116,7 @@ def test_the_flag_inv_check_asks_for_is_one_sglang_takes(sglang, tiny_target: Pa
     # And SGLang itself takes EAGLE with an EAGLE-3 draft without a word: only inv check says so.
     argv[argv.index("EAGLE3")] = "EAGLE"
     assert sglang.call("resolve", argv)["args"]["speculative_algorithm"] == "EAGLE"
-    assert standin.parse(argv).speculative_algorithm == "EAGLE"  # the stand-in takes it too (and accepts nothing)
+    assert sglang_standin.parse(argv).speculative_algorithm == "EAGLE"  # the stand-in takes it too (and accepts nothing)
 
 
 @pytest.mark.parametrize("which", ["llama", "kimi"])
@@ -145,7 +145,7 @@ BAD = {
 
 def standin_refuses(argv: list[str]) -> bool:
     try:
-        standin.parse(argv)
+        sglang_standin.parse(argv)
     except SystemExit:
         return True
     return False
@@ -164,7 +164,7 @@ def test_the_standin_takes_every_command_inv_eval_builds_and_reads_it_as_sglang_
     for setting in [None, *grid()]:
         argv = launch_argv(settings, setting)
         real = sglang.call("parse", argv)
-        ours = vars(standin.parse(argv))
+        ours = vars(sglang_standin.parse(argv))
         assert set(ours) <= set(real["names"])  # the stand-in knows no flag SGLang lacks
         assert {k: ours[k] for k in ours if k in real["args"]} == {k: v for k, v in real["args"].items() if k in ours}
 
@@ -172,4 +172,4 @@ def test_the_standin_takes_every_command_inv_eval_builds_and_reads_it_as_sglang_
 def test_the_standin_reads_a_lower_case_algorithm_as_sglang_does(sglang, tiny_target: Path, draft: Path) -> None:
     argv = ["--model-path", str(tiny_target), "--device", "cpu", "--speculative-algorithm", "eagle3",
             "--speculative-draft-model-path", str(draft), *grid()[0].flags(str(draft))[4:]]
-    assert sglang.call("resolve", argv)["args"]["speculative_algorithm"] == standin.parse(argv).speculative_algorithm
+    assert sglang.call("resolve", argv)["args"]["speculative_algorithm"] == sglang_standin.parse(argv).speculative_algorithm

@@ -1,4 +1,4 @@
-"""remote.slurm without a cluster: the state map, the parsers and the sbatch command line."""
+"""remote.control_plane.slurm without a cluster: the state map, the parsers and the sbatch command line."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from remote import slurm
-from remote.slurm import STATE_MAP, SlurmError, SlurmJob, job_state
-from remote.states import JobState
+from remote.control_plane import slurm
+from remote.control_plane.slurm import STATE_MAP, SlurmError, SlurmJob, job_state
+from remote.control_plane.states import JobState
 
 JOBCOMP = """\
 JobId=7 UserId=root(0) GroupId=root(0) Name=prep JobState=RUNNING Partition=debug TimeLimit=UNLIMITED StartTime=2026-01-01T00:00:00 EndTime=2026-01-01T00:00:01 NodeList=gpu01 NodeCnt=1 ProcCnt=1 WorkDir=/s ReservationName= Tres=cpu=1 Account= QOS= WcKey= Cluster=unknown SubmitTime=2026-01-01T00:00:00 EligibleTime=2026-01-01T00:00:00 DerivedExitCode=0:0 ExitCode=0:0

@@ -1,4 +1,4 @@
-"""remote.slurm against a real single-node Slurm cluster (benchmarks/harness/slurm_cluster.py)."""
+"""remote.control_plane.slurm against a real single-node Slurm cluster (benchmarks/harness/slurm_cluster.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import remote.slurm
-from remote.slurm import SlurmJob
-from remote.states import JobState
+import remote.control_plane.slurm
+from remote.control_plane.slurm import SlurmJob
+from remote.control_plane.states import JobState
 from benchmarks.harness.slurm_cluster import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]  # a real cluster: not the unit tier
@@ -29,18 +29,18 @@ def submit(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         script = tmp_path / f"job{len(submitted)}.sh"
         script.write_text(f"#!/bin/sh\n{body}\n")
         options.setdefault("output", tmp_path / "%j.log")
-        job_id = remote.slurm.submit(script, job_name=f"aerie-test-{len(submitted)}", workdir=tmp_path, **options)
+        job_id = remote.control_plane.slurm.submit(script, job_name=f"aerie-test-{len(submitted)}", workdir=tmp_path, **options)
         submitted.append(job_id)
         return job_id
 
     yield run
-    remote.slurm.cancel(submitted)
+    remote.control_plane.slurm.cancel(submitted)
 
 
 def wait_for(job_id: str, done: Callable[[SlurmJob], bool], timeout: float = 20.0) -> SlurmJob:
     deadline = time.monotonic() + timeout
     while True:
-        job = remote.slurm.query([job_id]).get(job_id)
+        job = remote.control_plane.slurm.query([job_id]).get(job_id)
         if job is not None and done(job):
             return job
         if time.monotonic() > deadline:
@@ -51,7 +51,7 @@ def wait_for(job_id: str, done: Callable[[SlurmJob], bool], timeout: float = 20.
 def test_submitted_job_is_queued_then_completed_with_its_environment(submit: Submit, slurm: SlurmCluster, tmp_path: Path) -> None:
     job_id = submit('sleep 0.5; echo "value=$AERIE_VALUE"', env={"AERIE_VALUE": "a,b c"})
 
-    assert remote.slurm.query([job_id])[job_id].state in ("PENDING", "RUNNING")
+    assert remote.control_plane.slurm.query([job_id])[job_id].state in ("PENDING", "RUNNING")
     job = wait_for(job_id, lambda job: job.job_state.is_terminal())
 
     assert (job.state, job.job_state, job.exit_code, job.node) == ("COMPLETED", JobState.SUCCEEDED, 0, slurm.node)
@@ -78,7 +78,7 @@ def test_cancel_ends_a_running_job_as_cancelled(submit: Submit, slurm: SlurmClus
     running = wait_for(job_id, lambda job: job.state == "RUNNING")
     assert running.node == slurm.node
 
-    remote.slurm.cancel([job_id])
+    remote.control_plane.slurm.cancel([job_id])
 
     job = wait_for(job_id, lambda job: job.job_state.is_terminal())
     # Its exit code is a race: the shell killed by SIGTERM (signal 15), or exiting 143 after its sleep was.
@@ -89,7 +89,7 @@ def test_cancel_of_an_ended_or_unknown_job_is_not_an_error(submit: Submit) -> No
     job_id = submit("true")
     wait_for(job_id, lambda job: job.job_state.is_terminal())
 
-    remote.slurm.cancel([job_id, "999999"])
+    remote.control_plane.slurm.cancel([job_id, "999999"])
 
 
 def test_a_job_slurmctld_has_forgotten_is_read_from_the_job_completion_log(submit: Submit, slurm: SlurmCluster) -> None:
@@ -100,11 +100,11 @@ def test_a_job_slurmctld_has_forgotten_is_read_from_the_job_completion_log(submi
     job = wait_for(job_id, lambda job: job.source == "jobcomp", timeout=30)
 
     assert (job.state, job.exit_code, job.node) == ("FAILED", 4, slurm.node)
-    assert remote.slurm.jobcomp_path() == slurm.jobcomp
+    assert remote.control_plane.slurm.jobcomp_path() == slurm.jobcomp
 
 
 def test_query_of_an_unknown_id_returns_nothing(submit: Submit) -> None:
-    assert remote.slurm.query(["999999"]) == {}
+    assert remote.control_plane.slurm.query(["999999"]) == {}
 
 
 def test_query_of_40_jobs_is_one_squeue_call(submit: Submit, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,10 +112,10 @@ def test_query_of_40_jobs_is_one_squeue_call(submit: Submit, monkeypatch: pytest
     ids = [submit("sleep 30") for _ in range(40)]
     submitted = time.perf_counter()
     calls: list[str] = []
-    run = remote.slurm._run
-    monkeypatch.setattr(remote.slurm, "_run", lambda argv, env=None: calls.append(argv[0]) or run(argv, env))
+    run = remote.control_plane.slurm._run
+    monkeypatch.setattr(remote.control_plane.slurm, "_run", lambda argv, env=None: calls.append(argv[0]) or run(argv, env))
 
-    jobs = remote.slurm.query(ids)
+    jobs = remote.control_plane.slurm.query(ids)
     queried = time.perf_counter()
 
     assert list(jobs) == ids

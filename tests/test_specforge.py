@@ -22,7 +22,7 @@ import pytest
 from remote.eagle3 import StageInputError, checkpoint, draft_config
 from remote.eagle3 import specforge
 from remote.eagle3.target import read_embed_and_head, read_shape
-from remote.progress import Progress
+from remote.control_plane.progress import Progress
 from remote.stages import train
 from tests.pipeline_fixtures import (
     EXTRACT_SETTINGS, REPO, TINY_LAYERS, context, extracted, make_records, run_stage, stage_env, tiny_target, vocab_size,

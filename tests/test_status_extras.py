@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from remote import eta, gpus
+from remote.control_plane import eta, gpus
 from remote.prep.count import estimate_rows
 from remote.prep.load import Source
-from remote.progress import Progress
+from remote.control_plane.progress import Progress
 from benchmarks.harness.checkout import wait_for
 
 STAND_IN = """#!/bin/sh

@@ -7,7 +7,7 @@ import io
 from rich.console import Console
 
 from local import status_data, status_view
-from remote.states import BAD, JobState
+from remote.control_plane.states import BAD, JobState
 
 NOW = 1_000_000.0
 

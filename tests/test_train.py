@@ -14,7 +14,7 @@ from remote.eagle3.shards import ShardStore, load_sample
 from remote.eagle3.target import read_embed_and_head, read_shape
 from remote.eagle3 import trainer
 from remote.eagle3.vocab import build_mapping
-from remote.progress import Progress
+from remote.control_plane.progress import Progress
 from remote.stages import train
 from tests.pipeline_fixtures import TINY_LAYERS, context, extracted, read_progress, run_stage, stage_env, tiny_target
 

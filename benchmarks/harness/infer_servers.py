@@ -53,7 +53,7 @@ class Server:
     def start(self) -> "Server":
         from remote import server
 
-        from remote import processes
+        from remote.control_plane import processes
 
         self.pid = server.start(serve_command(self.model_dir, self.port), self.log_path, offline_env())
         self.started = processes.identity(self.pid)

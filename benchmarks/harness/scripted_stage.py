@@ -25,7 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from remote.progress import Progress
+from remote.control_plane.progress import Progress
 from remote.stages import StageContext
 
 

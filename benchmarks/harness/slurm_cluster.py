@@ -5,7 +5,7 @@ in the foreground so that we own its process, from a `slurm.conf` written into
 a fresh directory, on free high ports:
 - no cgroups (`proctrack/linuxproc`, `task/none`), so it runs in a container;
 - no slurmdbd (`accounting_storage/none`), but a job completion log
-  (`jobcomp/filetxt`), which is what `remote.slurm.query` falls back on once
+  (`jobcomp/filetxt`), which is what `remote.control_plane.slurm.query` falls back on once
   slurmctld has forgotten a job (after `MinJobAge`, 2 s here);
 - the node is `hostname -s`, because slurmd finds its own NodeName that way.
 Clients find the cluster through `SLURM_CONF` (`cluster.env`), and munge

@@ -29,7 +29,7 @@ from remote.eagle3 import StageInputError
 from remote.eagle3.prep_input import Record
 from remote.eagle3.shards import ShardStore
 from remote.eagle3.target import LANGUAGE_PREFIX
-from remote.progress import Progress
+from remote.control_plane.progress import Progress
 
 DTYPES = ("bfloat16", "float16", "float32")
 

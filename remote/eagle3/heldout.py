@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from remote.eagle3.epochs import EpochRecord
-from remote.progress import write_json_atomic
+from remote.control_plane.progress import write_json_atomic
 
 PLOT_EVERY = 60.0  # seconds: drawing costs seconds of CPU, so not after every short epoch
 HELDOUT_LIST = "heldout.json"  # beside train's manifest: the held-out records' files

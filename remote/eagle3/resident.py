@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from remote.progress import Progress, read_json, write_json_atomic
+from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.stages import StageContext
 
 #: Where the held-out figures of the epochs measured so far are kept (in the chunked job's output).

@@ -36,7 +36,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from remote.progress import read_json, write_json_atomic
+from remote.control_plane.progress import read_json, write_json_atomic
 
 SHARD_PREFIX = "shard-"
 TMP_SUFFIX = ".tmp"

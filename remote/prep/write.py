@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from remote.prep.preparer import Prepared
-from remote.progress import write_json_atomic
-from remote.scratch import TMP_PREFIX, temporary_name
+from remote.control_plane.progress import write_json_atomic
+from remote.control_plane.scratch import TMP_PREFIX, temporary_name
 
 MANIFEST = "manifest.json"
 

@@ -17,7 +17,7 @@ AERIE_OUTPUT        ``<root>/data/<dataset>/<stage>/``: where the stage writes
                     (created by the supervisor; the stage writes through
                     temporary names and renames into place)
 AERIE_DATA          ``<root>/data/<dataset>/``: where upstream stages wrote
-AERIE_PROGRESS      the progress file; use `remote.progress.Progress`
+AERIE_PROGRESS      the progress file; use `remote.control_plane.progress.Progress`
 AERIE_CONFIG        JSON: ``{"dataset": {...}, "stage": {...}, "inventory": {...}}``,
                     the dataset's inventory entry, the stage's settings and the
                     inventory's shared settings (tokenizer, layers, server ...)
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from remote.progress import Progress
+from remote.control_plane.progress import Progress
 
 #: The command of each known stage; ``{python}`` is the host's interpreter.
 DEFAULT_COMMANDS = {
@@ -48,10 +48,10 @@ DEFAULT_COMMANDS = {
     "tokenize": "{python} -m remote.stages.prep",
     # `inv eval`: the draft measured on SGLang, with and without speculation (job draft/eval).
     "eval": "{python} -m remote.stages.eval",
-    # The chunked route: extract a chunk, train on it, delete it, for every chunk (remote.chunked).
-    "chunked": "{python} -m remote.chunked",
-    # `inv run`'s pipeline runner, itself a supervised job (remote.runner).
-    "run": "{python} -m remote.runner",
+    # The chunked route: extract a chunk, train on it, delete it, for every chunk (remote.orchestration.chunked).
+    "chunked": "{python} -m remote.orchestration.chunked",
+    # `inv run`'s pipeline runner, itself a supervised job (remote.orchestration.runner).
+    "run": "{python} -m remote.orchestration.runner",
 }
 
 

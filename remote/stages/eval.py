@@ -28,13 +28,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from remote import processes, server, stages
+from remote.control_plane import processes
+from remote import server, stages
 from remote.eagle3 import StageInputError
 from remote.eval import prompt_source
 from remote.eval import reports
 from remote.eval.sglang import (GenerateError, Measurement, Setting, batching_warnings, launch_command, measure,
                                 server_args)
-from remote.progress import Progress, read_json, write_json_atomic
+from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.settings import missing
 from remote.stages import StageContext
 

@@ -36,7 +36,7 @@ from remote.eagle3 import layer_ids
 from remote.eagle3.prep_input import read_manifest, read_records
 from remote.eagle3.shards import ShardStore
 from remote.eagle3.target import TargetShape, best_device, read_shape, target_settings
-from remote.progress import Progress, write_json_atomic
+from remote.control_plane.progress import Progress, write_json_atomic
 from remote.settings import need
 from remote import stages
 from remote.stages import StageContext

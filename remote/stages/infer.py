@@ -37,7 +37,7 @@ from remote.infer.autotune import Autotuner, Fixed
 from remote.infer.client import ChatClient, Result
 from remote.infer.journal import Journal
 from remote.infer.infer_settings import InferSettings, SettingsError
-from remote.progress import Progress, read_json, write_json_atomic
+from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote import stages
 from remote.stages import StageContext
 

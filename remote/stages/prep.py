@@ -20,7 +20,7 @@ from remote.prep.load import Source, iter_rows
 from remote.prep.preparer import Summary, kept_ratio_failure, run_prep
 from remote.prep.prep_settings import PrepSettings, Target
 from remote.prep.write import OutputWriter
-from remote.progress import Progress, read_json
+from remote.control_plane.progress import Progress, read_json
 from remote.stages import StageContext
 
 KINDS = ("native", "prompts")

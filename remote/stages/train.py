@@ -16,7 +16,7 @@ Settings (``stages.train``):
   acceptance length of an ``eval_steps``-long chain with top-k 1.
 - ``checkpoint_every``: optimizer steps between resume checkpoints (one is
   also written at the end of every epoch); SpecForge's ``training.save_interval``.
-- ``schedule_steps`` (not a user setting: `remote.chunked` sets it): the
+- ``schedule_steps`` (not a user setting: `remote.orchestration.chunked` sets it): the
   learning-rate schedule's length when this run is one chunk of a longer one.
 - ``chunk_pass`` (not a user setting either): which pass and chunk this run
   is; part of the resume fingerprint, so a pass run again after it finished
@@ -53,7 +53,7 @@ from remote.eagle3 import draft_config
 from remote.eagle3 import heldout, plot, specforge
 from remote.eagle3.shards import ShardStore, load_sample
 from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
-from remote.progress import Progress, read_json, write_json_atomic
+from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.settings import need
 from remote import stages
 from remote.stages import StageContext

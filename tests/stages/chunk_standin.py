@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from remote.progress import Progress
+from remote.control_plane.progress import Progress
 from remote.stages import StageContext
 
 

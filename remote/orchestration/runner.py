@@ -20,11 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from remote import jobs, server
-from remote.progress import Progress, read_json, write_json_atomic
+from remote.control_plane import jobs
+from remote import server
+from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.stages import StageContext
-from remote.states import JobState
-from remote.store import BrokenJob, read_object
+from remote.control_plane.states import JobState
+from remote.control_plane.store import BrokenJob, read_object
 
 TICK_SECONDS = 0.5
 ACTIVE = (JobState.RUNNING, JobState.STALLED)

@@ -1,8 +1,8 @@
 """Jobs on the host: launch, describe, stop, over the job store and each job's executor.
 
-The layout and the checked reading of each job's files are `remote.store`'s;
+The layout and the checked reading of each job's files are `remote.control_plane.store`'s;
 where a job runs (a detached supervisor here, or Slurm) is its executor's
-(`remote.executors`). Only the supervisor writes ``state.json`` while it lives;
+(`remote.control_plane.executors`). Only the supervisor writes ``state.json`` while it lives;
 launch writes the first one and `stop` the last one when the supervisor is
 already gone.
 """
@@ -13,9 +13,9 @@ import os
 import time
 from pathlib import Path
 
-from remote import executors, processes
-from remote.store import BrokenJob, HostError, Job, JobStore
-from remote.states import JobState
+from remote.control_plane import executors, processes
+from remote.control_plane.store import BrokenJob, HostError, Job, JobStore
+from remote.control_plane.states import JobState
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The supervisor: runs one stage command and keeps the job's state file true.
 
-Started by `remote.jobs.launch` in a session of its own, so it outlives the SSH
+Started by `remote.control_plane.jobs.launch` in a session of its own, so it outlives the SSH
 connection that started it. It records the exit and decides the end state:
 `succeeded`, `empty` (exit 0, zero records), `failed`, `stopped` (only when
 `inv stop` asked: its request, ``stop.json``, is written before it signals) or
@@ -23,14 +23,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from remote import scratch, server
-from remote.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, bounded, last_line, tail
-from remote.logfile import CappedLog
-from remote.processes import die_with_parent, identity
-from remote.progress import PROGRESS_ENV, read_json, read_mapping, write_json_atomic
+from remote.control_plane import scratch
+from remote import server
+from remote.control_plane.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, bounded, last_line, tail
+from remote.control_plane.logfile import CappedLog
+from remote.control_plane.processes import die_with_parent, identity
+from remote.control_plane.progress import PROGRESS_ENV, read_json, read_mapping, write_json_atomic
 from remote.stages import DEFAULT_COMMANDS
-from remote.states import JobState
-from remote.store import STOP
+from remote.control_plane.states import JobState
+from remote.control_plane.store import STOP
 
 
 def stage_env(spec: dict[str, Any], directory: Path, release: Path, run: str = "") -> dict[str, str]:

@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from remote import processes
-from remote.store import HostError
-from remote.progress import write_json_atomic
-from remote.states import JobState, quiet_for
+from remote.control_plane import processes
+from remote.control_plane.store import HostError
+from remote.control_plane.progress import write_json_atomic
+from remote.control_plane.states import JobState, quiet_for
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class Executor:
     queues: bool
     """Whether jobs wait for the jobs they need in the executor's own queue (else the runner waits)."""
     detaches: bool
-    """Whether `record_starting` and one detached starter may stand in for `submit` (remote.jobs.launch_all)."""
+    """Whether `record_starting` and one detached starter may stand in for `submit` (remote.control_plane.jobs.launch_all)."""
 
     def submit(self, directory: Path, spec: dict[str, Any], release: Path, after: list[str]) -> dict[str, Any]:
         """Start (or queue) the job; the launch result's fields (`where`, and `pid` or `slurm_job_id`)."""
@@ -81,7 +81,7 @@ class ProcessExecutor(Executor):
     """A supervisor in a session of its own on this host; its pid is the job's process group."""
 
     name = "process"
-    queues = False  # waiting on other jobs is the pipeline runner's (remote.runner)
+    queues = False  # waiting on other jobs is the pipeline runner's (remote.orchestration.runner)
 
     detaches = True  # many jobs are started by one detached process (processes.Starter)
 
@@ -102,7 +102,7 @@ class ProcessExecutor(Executor):
         with open(directory / "log", "ab") as log:
             # A new session: no controlling terminal, no SIGHUP when the SSH session ends.
             process = subprocess.Popen(
-                [sys.executable, "-m", "remote.supervisor", str(directory)],
+                [sys.executable, "-m", "remote.control_plane.supervisor", str(directory)],
                 cwd=release, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
@@ -169,18 +169,18 @@ class SlurmExecutor(Executor):
     queues = True  # a job waits on the ones it needs in Slurm's queue (afterok)
 
     def submit(self, directory: Path, spec: dict[str, Any], release: Path, after: list[str]) -> dict[str, Any]:
-        from remote import slurm_jobs
+        from remote.control_plane import slurm_jobs
 
         state = slurm_jobs.submit(directory, spec, release, after)
         return {"slurm_job_id": state["slurm_job_id"], "where": f"Slurm job {state['slurm_job_id']}"}
 
     def batch_view(self, states: list[dict[str, Any]]) -> Any:
-        from remote import slurm_jobs
+        from remote.control_plane import slurm_jobs
 
         return slurm_jobs.view(states)
 
     def read(self, state: dict[str, Any], progress: dict[str, Any], now: float, view: Any) -> Reading:
-        from remote import slurm_jobs
+        from remote.control_plane import slurm_jobs
 
         view = self.batch_view([state]) if view is None else view
         job = view.get(state["slurm_job_id"])
@@ -196,7 +196,7 @@ class SlurmExecutor(Executor):
         return reading in (JobState.WAITING, JobState.RUNNING)
 
     def cancel(self, state: dict[str, Any]) -> bool:
-        from remote import slurm_jobs
+        from remote.control_plane import slurm_jobs
 
         slurm_jobs.cancel(state)
         return True

@@ -5,7 +5,7 @@ One directory per (dataset, stage), plus the pseudo jobs of ``inv run``
 
     spec.json      what to run (written by launch)
     state.json     the record: executor, pid/pgid or Slurm id, release, times, exit code
-    progress.json  the stage's counters (remote.progress)
+    progress.json  the stage's counters (remote.control_plane.progress)
     log            the stage's output, capped at the spec's `log_limit`; the previous run's is kept as log.1
     stop.json      `inv stop`'s request, written before it signals: only then does the job end `stopped`
     launch.lock    taken while a launch, rerun or stop decides about the job
@@ -24,8 +24,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from remote.progress import read_mapping, write_json_atomic
-from remote.states import JobState
+from remote.control_plane.progress import read_mapping, write_json_atomic
+from remote.control_plane.states import JobState
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:

@@ -50,7 +50,7 @@ from typing import Any
 from remote import sizing
 from remote.eagle3 import StageInputError
 from remote.eagle3.extractor import DTYPES
-from remote.progress import Progress, read_json, write_json_atomic
+from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.stages import DEFAULT_COMMANDS, StageContext
 from remote.settings import need
 

@@ -3,7 +3,7 @@
 Read with ``nvidia-smi`` in the same remote command as the jobs (no second
 connection). A host without it, or where it fails, simply has no GPUs in the
 answer. A GPU's holder is found from its compute processes: each job's
-supervisor leads a session of its own (`remote.jobs`), so a process whose
+supervisor leads a session of its own (`remote.control_plane.jobs`), so a process whose
 session id is a job's pid belongs to that job; the pipeline's inference server
 has a session of its own too, recorded in ``jobs/pipeline/server.json``.
 Both queries run at once, started before the jobs are read (`Query`).
@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from remote.progress import read_json
+from remote.control_plane.progress import read_json
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:

@@ -1,9 +1,9 @@
 """Jobs on a Slurm cluster: the same supervisor and stage contract, inside an allocation.
 
-`submit` hands ``python -m remote.supervisor JOBDIR`` to `sbatch`; the supervisor
+`submit` hands ``python -m remote.control_plane.supervisor JOBDIR`` to `sbatch`; the supervisor
 then keeps the job's files exactly as on a single host, so records, skips, the
 `empty` rule and logs behave the same. The job's state is read from both sides:
-the supervisor's record and Slurm's own view (`remote.slurm.query`, one call for
+the supervisor's record and Slurm's own view (`remote.control_plane.slurm.query`, one call for
 all jobs), so a job pending in the queue, or ended by Slurm itself (TIMEOUT,
 OUT_OF_MEMORY, NODE_FAIL, PREEMPTED, ...), shows as such, with Slurm's word kept.
 """
@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from remote import slurm
-from remote.progress import write_json_atomic
-from remote.slurm import SlurmJob
-from remote.states import JobState, quiet_for
+from remote.control_plane import slurm
+from remote.control_plane.progress import write_json_atomic
+from remote.control_plane.slurm import SlurmJob
+from remote.control_plane.states import JobState, quiet_for
 
 #: End states Slurm imposes on a job; they override what the supervisor managed to record.
 ENDED_BY_SLURM = {"TIMEOUT", "DEADLINE", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "PREEMPTED", "CANCELLED"}
@@ -36,7 +36,7 @@ def submit(directory: Path, spec: dict[str, Any], release: Path, after: list[str
     script = directory / "job.sh"
     script.write_text(
         "#!/bin/sh\n# Written by aerie: the job's supervisor, run inside the allocation.\n"
-        f"exec {shlex.quote(sys.executable)} -m remote.supervisor {shlex.quote(str(directory))}\n")
+        f"exec {shlex.quote(sys.executable)} -m remote.control_plane.supervisor {shlex.quote(str(directory))}\n")
     resources = spec["slurm"]
     job_id = slurm.submit(
         script, job_name=f"aerie-{spec['dataset']}-{spec['stage']}", output=directory / "log", workdir=release,

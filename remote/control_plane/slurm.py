@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from remote.states import JobState
-from remote.store import HostError
+from remote.control_plane.states import JobState
+from remote.control_plane.store import HostError
 
 TIMEOUT_S = 60.0
 

@@ -2,7 +2,7 @@
 
 A stage writes its counters with::
 
-    from remote.progress import Progress
+    from remote.control_plane.progress import Progress
 
     with Progress.from_env() as progress:
         for row in rows:
