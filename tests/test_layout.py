@@ -1,0 +1,95 @@
+"""The project's layout, measured from its own imports (issue 23): one name per idea, no
+cycles, no renamed imports, benchmarks standing on their own, layers visible from the tree."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PROJECT = ("local", "remote", "benchmarks", "tests")
+LONGEST_FUNCTION = 60
+REMOTE_ROOT_AT_MOST = 10
+
+
+def _files() -> list[Path]:
+    return sorted(p for top in PROJECT for p in (REPO / top).glob("**/*.py")) + [REPO / "tasks.py"]
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+    path = REPO / name.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _imports(path: Path) -> list[tuple[str, str | None]]:
+    """(the project module a file imports, the name it binds it to when it renames it), lazy imports too."""
+    found: list[tuple[str, str | None]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(a.name, a.asname) for a in node.names if a.name.split(".")[0] in PROJECT]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] in PROJECT:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.append((full, alias.asname) if _is_module(full) else (node.module, None))
+    return found
+
+
+def test_no_module_name_is_used_twice_in_local_and_remote() -> None:
+    seen: dict[str, list[str]] = {}
+    for path in sorted((REPO / "local").glob("**/*.py")) + sorted((REPO / "remote").glob("**/*.py")):
+        if path.stem not in ("__init__", "__main__"):
+            seen.setdefault(path.stem, []).append(str(path.relative_to(REPO)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def test_no_project_module_is_imported_under_another_name() -> None:
+    renamed = [f"{path.relative_to(REPO)}: {module} as {alias}" for path in _files()
+               for module, alias in _imports(path) if alias and alias != module.rpartition(".")[2]]
+    assert renamed == []
+
+
+def test_the_project_imports_without_a_cycle() -> None:
+    graph = {_module(p): {m for m, _ in _imports(p) if m != _module(p)} for p in _files()}
+    done: set[str] = set()
+
+    def cycle_from(module: str, path: list[str]) -> list[str] | None:
+        if module in path:
+            return path[path.index(module):] + [module]
+        if module in done:
+            return None
+        for imported in sorted(graph.get(module, ())):
+            found = cycle_from(imported, path + [module])
+            if found:
+                return found
+        done.add(module)
+        return None
+
+    assert [c for c in (cycle_from(m, []) for m in sorted(graph)) if c] == []
+
+
+def test_benchmarks_import_nothing_from_tests() -> None:
+    reached = [f"{path.relative_to(REPO)}: {module}" for path in sorted((REPO / "benchmarks").glob("**/*.py"))
+               for module, _ in _imports(path) if module.split(".")[0] == "tests"]
+    assert reached == []
+
+
+def test_the_host_side_root_keeps_only_the_entry_points() -> None:
+    # The layers live in folders (control_plane, orchestration, stages, ...); the root holds the verbs
+    # and the few modules that span them.
+    loose = sorted(p.name for p in (REPO / "remote").glob("*.py"))
+    assert "__main__.py" in loose and len(loose) <= REMOTE_ROOT_AT_MOST, loose
+
+
+def test_no_function_outside_the_tests_is_longer_than_a_screen() -> None:
+    long = [f"{path.relative_to(REPO)}:{node.name} {node.end_lineno - node.lineno + 1} lines"
+            for path in _files() if not path.is_relative_to(REPO / "tests")
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION]
+    assert long == []
