@@ -12,7 +12,7 @@ from local.cli import RICH_SYNTAX
 from local.exceptions import AerieError
 from local.host import RemoteHost
 from local.visible import VisibleStream, visible
-from remote.control_plane.states import BAD, DRAFT, RUNNER, JobState
+from remote.control_plane.states import BAD, DRAFT, RUNNER, RUNNER_STAGE, JobState
 
 if TYPE_CHECKING:  # rich is imported where a table or a live view is drawn: not for a deploy that sends nothing
     from rich.console import Console
@@ -148,7 +148,7 @@ def follow(fetch: Callable[[], dict[str, Any]], console: Console, title: str, in
 
 
 def _pipeline_ended(state: dict[str, Any]) -> bool:
-    runners = [j for j in state["jobs"] if (j["dataset"], j["stage"]) == (RUNNER, "run")]
+    runners = [j for j in state["jobs"] if (j["dataset"], j["stage"]) == (RUNNER, RUNNER_STAGE)]
     return all(_settled(job) for job in runners or state["jobs"]) or bool(state.get("unreachable"))
 
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, Callable
 
 from local import job_specs
 from local.exceptions import AerieError
 from local.graph import GPU_STAGES
 from local.visible import visible, visible_all
-from remote.control_plane.states import DRAFT, RUNNER, JobState
+from remote.control_plane import layout
+from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, JobState
 
 if TYPE_CHECKING:  # the schema and rich load only when `inv eval` runs, not with every task
     from rich.console import Console
@@ -25,7 +27,7 @@ if TYPE_CHECKING:  # the schema and rich load only when `inv eval` runs, not wit
     from local.inventory import Inventory
 
 STAGE = "eval"
-KEY = f"{DRAFT}/{STAGE}"
+KEY = layout.job_key(DRAFT, STAGE)
 
 
 def spec(inventory: Inventory) -> dict[str, Any]:
@@ -36,7 +38,9 @@ def spec(inventory: Inventory) -> dict[str, Any]:
     if not model:
         raise AerieError(f"{inventory.path}: inv eval needs the target: set target.model or stages.eval.model")
     stage = settings.model_dump(exclude={"command", "stall_after"})
-    stage.update(model=model, draft=settings.draft or f"{root}/data/{DRAFT}/train/draft")
+    # The offline route's draft: the weights (`draft`) in draft/train's output on the host.
+    trained = layout.output_dir(PurePosixPath(root), DRAFT, "train") / "draft"
+    stage.update(model=model, draft=settings.draft or str(trained))
     return {
         "dataset": DRAFT, "stage": STAGE, "command": settings.command, "source": "", "kind": "native",
         "stall_after": settings.stall_after, "log_limit": settings.log_limit,
@@ -50,7 +54,7 @@ def gpu_holders(state: dict[str, Any]) -> list[str]:
     # NOTE: not `waiting`: jobs of a pipeline whose runner has ended stay `waiting` for ever.
     busy = (JobState.RUNNING.value, JobState.STALLED.value)
     return [f"{j['dataset']}/{j['stage']}" for j in state["jobs"]
-            if j["state"] in busy and (j["stage"] in GPU_STAGES or (j["dataset"], j["stage"]) == (RUNNER, "run"))]
+            if j["state"] in busy and (j["stage"] in GPU_STAGES or (j["dataset"], j["stage"]) == (RUNNER, RUNNER_STAGE))]
 
 
 def run(host: RemoteHost, console: Console, as_json: bool = False, interval: float = 2.0) -> dict[str, Any]:

@@ -14,10 +14,12 @@ Each job's spec is built whole, once, by `local.job_specs.spec` or here for the 
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from local.job_specs import on_host, placement, spec, stage_config
-from remote.control_plane.states import DRAFT, RUNNER
+from remote.control_plane import layout
+from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE
 
 if TYPE_CHECKING:
     from local.inventory import Inventory
@@ -28,7 +30,7 @@ GPU_STAGES = {"infer", "extract", "train"}
 def node(spec: dict[str, Any], needs: list[str]) -> dict[str, Any]:
     stage = spec["stage"]
     # NOTE: every node carries its executor; the host picks how the plan runs from it (remote.orchestration.runner.start).
-    return {"key": f"{spec['dataset']}/{stage}", "needs": needs, "gpu": stage in GPU_STAGES,
+    return {"key": layout.job_key(spec["dataset"], stage), "needs": needs, "gpu": stage in GPU_STAGES,
             "server": stage == "infer", "spec": spec}
 
 
@@ -37,15 +39,21 @@ def tokens_of(inventory: Inventory, name: str) -> str:
     return "tokenize" if inventory.datasets[name].kind == "prompts" else "prep"
 
 
+def host_output(inventory: Inventory, name: str, stage: str) -> str:
+    """Where a dataset's stage writes on the host (`remote.control_plane.layout`: the host's paths are POSIX)."""
+    return str(layout.output_dir(PurePosixPath(inventory.host.root), name, stage))
+
+
 def dataset_nodes(inventory: Inventory, name: str, extract: bool) -> list[dict[str, Any]]:
-    data = f"{inventory.host.root}/data/{name}"
     nodes = [node(spec(inventory, name, "prep"), [])]
     if inventory.datasets[name].kind == "prompts":
-        nodes.append(node(spec(inventory, name, "infer"), [f"{name}/prep"]))
-        nodes.append(node(spec(inventory, name, "tokenize", source=f"{data}/infer/conversations.jsonl"), [f"{name}/infer"]))
+        answers = f"{host_output(inventory, name, 'infer')}/conversations.jsonl"
+        nodes.append(node(spec(inventory, name, "infer"), [layout.job_key(name, "prep")]))
+        nodes.append(node(spec(inventory, name, "tokenize", source=answers), [layout.job_key(name, "infer")]))
     if extract:
         tokens = tokens_of(inventory, name)
-        nodes.append(node(spec(inventory, name, "extract", inputs=[f"{data}/{tokens}"]), [f"{name}/{tokens}"]))
+        nodes.append(node(spec(inventory, name, "extract", inputs=[host_output(inventory, name, tokens)]),
+                          [layout.job_key(name, tokens)]))
     return nodes
 
 
@@ -55,10 +63,11 @@ def graph(inventory: Inventory, datasets: list[str] | None, route: str) -> list[
     offline = route in ("auto", "offline")
     nodes = [n for name in names for n in dataset_nodes(inventory, name, extract=offline)]
     if offline:
-        extracts = [f"{inventory.host.root}/data/{name}/extract" for name in names]
-        return nodes + [node(draft_train(inventory, names[0], {"inputs": extracts}), [f"{name}/extract" for name in names])]
-    prepped = [f"{name}/{tokens_of(inventory, name)}" for name in names]  # each dataset's prep or tokenize
-    preps = {name: f"{inventory.host.root}/data/{need}" for name, need in zip(names, prepped)}
+        extracts = [host_output(inventory, name, "extract") for name in names]
+        return nodes + [node(draft_train(inventory, names[0], {"inputs": extracts}),
+                             [layout.job_key(name, "extract") for name in names])]
+    prepped = [layout.job_key(name, tokens_of(inventory, name)) for name in names]  # each dataset's prep or tokenize
+    preps = {name: host_output(inventory, name, tokens_of(inventory, name)) for name in names}
     if route == "online":
         return nodes + [node(draft_train(inventory, names[0], {"prep_inputs": preps}), prepped)]
     return nodes + [{**node(draft_chunked(inventory, preps), prepped), "gpu": True}]
@@ -101,7 +110,7 @@ def runner_spec(inventory: Inventory, datasets: list[str] | None, route: str) ->
     """The `pipeline/run` job: the runner, with the graph for `route` and the inference server it manages."""
     server = server_settings(inventory)
     return {
-        "dataset": RUNNER, "stage": "run", "command": None, "source": "", "kind": "native", "executor": "process",
+        "dataset": RUNNER, "stage": RUNNER_STAGE, "command": None, "source": "", "kind": "native", "executor": "process",
         "stall_after": 10 ** 9,  # it beats every tick; waiting on a long job is not a stall
         "config": {"stage": {"plan": graph(inventory, datasets, route), "server": server, "fresh": True}},
     }

@@ -35,7 +35,7 @@ from rich.text import Text
 
 from local.status_data import UNREACHABLE, Job
 from local.visible import visible, visible_all
-from remote.control_plane.states import JobState
+from remote.control_plane.states import RUNNER_STAGE, JobState
 
 STATE_STYLES = {
     JobState.WAITING: "dim",
@@ -508,7 +508,7 @@ def summary(status: dict[str, Any], width: int = 10_000) -> list[Text]:
 
 def _time_left(running: list[Job]) -> str:
     """The pipeline's estimate when a runner has one; else the longest running job's."""
-    runners = [j for j in running if j["stage"] == "run" and j.get("eta_s") is not None]
+    runners = [j for j in running if j["stage"] == RUNNER_STAGE and j.get("eta_s") is not None]
     if runners:
         longest = max(runners, key=lambda j: j["eta_s"])
         return f"ETA {eta(longest, View(0, None))}"

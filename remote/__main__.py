@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from remote.control_plane import eta, executors, gpus, jobs
-from remote.control_plane.states import BAD, JobState
+from remote.control_plane import eta, executors, gpus, jobs, layout
+from remote.control_plane.states import BAD, DRAFT, JobState
 from remote.control_plane.store import BrokenJob, HostError, JobStore
 from remote.control_plane.wire import emit
 
@@ -95,13 +95,13 @@ def submit_in_order(root: Path, specs: list[dict[str, Any]], only: set[JobState]
         after = [ids.get(key) or _queued_id(root, key) for key in spec.get("after", [])]
         result = jobs.launch(root, spec, only=only, after=[a for a in after if a], unstick=unstick)
         if result.get("slurm_job_id"):
-            ids[f"{spec['dataset']}/{spec['stage']}"] = result["slurm_job_id"]
+            ids[layout.job_key(spec["dataset"], spec["stage"])] = result["slurm_job_id"]
         results.append(result)
     return results
 
 
 def _queued_id(root: Path, key: str) -> str | None:
-    directory = root / "jobs" / key
+    directory = layout.key_dir(root, key)
     try:
         job, reading = jobs.read(JobStore(root).read(directory), time.time())
         executor = executors.of(job.state) if job.state else None
@@ -123,34 +123,34 @@ def rerun(args: dict[str, Any]) -> Any:
     only = {JobState(s) for s in args.get("states", [s.value for s in BAD])}
     fresh = args.get("specs", {})
     selected = [d for d in jobs.all_job_dirs(root) if _selected(args, d.parent.name, d.name)]
-    described = {_key(d): job for d, job in zip(selected, jobs.describe_all(root, selected, time.time()))}
+    described = {layout.key_of(d): job for d, job in zip(selected, jobs.describe_all(root, selected, time.time()))}
     if any(_executor(d, fresh).queues for d in selected):
         return rerun_in_order(root, selected, described, only, fresh)
     planned = pipeline_keys(root)
     bad = {key for key, job in described.items() if JobState(job["state"]) in only}
     results = []
-    if bad & (planned | {RUNNER}):
+    if bad & (planned | {layout.RUNNER_KEY}):
         results.append(resume_pipeline(root))
 
     def relaunch(directory: Path) -> dict[str, Any]:
         try:
-            spec = fresh.get(_key(directory)) or JobStore(root).spec(directory)
+            spec = fresh.get(layout.key_of(directory)) or JobStore(root).spec(directory)
         except BrokenJob as exc:
             return {"dataset": directory.parent.name, "stage": directory.name, "launched": False, "reason": f"broken: {exc}"}
         return jobs.launch(root, spec, only=only)
 
-    return results + each(relaunch, [d for d in selected if _key(d) not in planned and _key(d) != RUNNER])
+    return results + each(relaunch, [d for d in selected if layout.key_of(d) not in planned | {layout.RUNNER_KEY}])
 
 
 def _executor(directory: Path, fresh: dict[str, Any]) -> executors.Executor:
     """The job's executor: as recorded, else as its fresh spec names it."""
     try:
-        state = JobStore(directory.parents[2]).read(directory).state
+        state = JobStore(layout.root_of(directory)).read(directory).state
         if state:
             return executors.of(state)
     except (BrokenJob, HostError):
         pass
-    return executors.for_spec(fresh.get(_key(directory), {}))
+    return executors.for_spec(fresh.get(layout.key_of(directory), {}))
 
 
 def rerun_in_order(root: Path, selected: list[Path], described: dict[str, dict[str, Any]], only: set[JobState],
@@ -159,14 +159,14 @@ def rerun_in_order(root: Path, selected: list[Path], described: dict[str, dict[s
     (`blocked_by`): all in their first submission's order."""
     store = JobStore(root)
     stuck = {k for k, job in described.items() if job.get("blocked_by")}
-    again = [d for d in selected if _key(d) in stuck or JobState(described[_key(d)]["state"]) in only]
+    again = [d for d in selected if layout.key_of(d) in stuck or JobState(described[layout.key_of(d)]["state"]) in only]
     specs = []
     for directory in again:
         try:
             stored = store.spec(directory)
         except BrokenJob:
             stored = {}
-        spec = fresh.get(_key(directory)) or stored
+        spec = fresh.get(layout.key_of(directory)) or stored
         if not spec:
             continue
         spec.setdefault("after", stored.get("after", []))
@@ -176,16 +176,9 @@ def rerun_in_order(root: Path, selected: list[Path], described: dict[str, dict[s
     return submit_in_order(root, specs, only, unstick=True)
 
 
-RUNNER = "pipeline/run"
-
-
-def _key(directory: Path) -> str:
-    return f"{directory.parent.name}/{directory.name}"
-
-
 def pipeline_keys(root: Path) -> set[str]:
     try:
-        spec = JobStore(root).spec(jobs.job_dir(root, "pipeline", "run"))
+        spec = JobStore(root).spec(layout.runner_dir(root))
         return {node["key"] for node in spec.get("config", {}).get("stage", {}).get("plan", [])}
     except (BrokenJob, AttributeError, KeyError, TypeError):
         return set()
@@ -194,7 +187,7 @@ def pipeline_keys(root: Path) -> set[str]:
 def resume_pipeline(root: Path) -> dict[str, Any]:
     """Restart the runner (not its jobs, which live in sessions of their own) to carry on."""
     store = JobStore(root)
-    directory = store.directory("pipeline", "run")
+    directory = layout.runner_dir(root)
     spec = store.spec(directory)
     spec["config"]["stage"]["fresh"] = False
     with store.locked(directory):
@@ -221,12 +214,12 @@ def logs(args: dict[str, Any]) -> None:
     """Print the last lines of the job's log, then (with follow) what it adds until the job ends. Raw
     bytes, no payload; a line longer than logfile.LINE_LIMIT shows its end after an `[aerie: line cut, ...]` marker."""
     directory = _log_dir(Path(args["root"]), args["dataset"], args.get("stage"))
-    path = directory / "log"
+    path = directory / layout.LOG
     # A Slurm job writes its log only once it leaves the queue: follow waits for it to appear.
     while not path.exists():
         state = _state(directory)
         if not args.get("follow") or state.is_terminal():
-            raise HostError(f"{directory.parent.name}/{directory.name} has no log yet (it is {state.value})")
+            raise HostError(f"{layout.key_of(directory)} has no log yet (it is {state.value})")
         time.sleep(0.25)
     from remote.control_plane import logfile
 
@@ -296,7 +289,7 @@ def eval_report(args: dict[str, Any]) -> Any:
     """The last `inv eval` report (remote/stages/eval.py)."""
     from remote.control_plane.progress import read_json
 
-    report = read_json(Path(args["root"]) / "data" / "draft" / "eval" / "report.json")
+    report = read_json(layout.output_dir(Path(args["root"]), DRAFT, "eval") / "report.json")
     if report is None:
         raise HostError("no eval report on the host: the draft/eval job has not succeeded")
     return report

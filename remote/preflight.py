@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from remote import server, sizing
+from remote.control_plane import layout
 
 # NOTE: tiktoken is what Kimi-K2.5's own tokenizer (trust_remote_code) is built on.
 PACKAGES = ("datasets", "transformers", "tokenizers", "tiktoken", "torch", "pyarrow", "safetensors")
@@ -53,7 +54,7 @@ def disk(root: Path, datasets: list[str], layers: list[int], model: str | None, 
     """Free space against the hidden states' size, sized as `inv plan` sizes them (`sizing.stored_bytes`)."""
     free = shutil.disk_usage(root if root.exists() else root.parent).free
     width = sizing.hidden_size(model)
-    manifests = [m for m in (sizing.prep_manifest(root / "data" / name) for name in datasets) if m]
+    manifests = [m for m in (sizing.prep_manifest(layout.data_dir(root, name)) for name in datasets) if m]
     tokens = sum(int(m["tokens"]["total"]) for m in manifests)
     if not width or not tokens:
         return check("disk", True, f"{free / 2**30:,.1f} GiB free; no estimate yet (needs prep's token counts and the target's config)")

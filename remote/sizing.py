@@ -29,6 +29,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from remote.control_plane import layout
+from remote.control_plane.states import DRAFT
+
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
 #: What a stored record costs beyond its states: int64 ids and mask per token, and the file's own framing.
@@ -112,7 +115,7 @@ def source_rows(root: Path, dataset: dict[str, Any]) -> int | None:
 def dataset_tokens(root: Path, dataset: dict[str, Any]) -> dict[str, Any]:
     """{dataset, records, tokens, max_tokens, basis} from prep's manifest, else scaled from the sample."""
     name = dataset["dataset"]
-    manifest = prep_manifest(root / "data" / name)
+    manifest = prep_manifest(layout.data_dir(root, name))
     if manifest is not None:
         tokens = manifest["tokens"]
         return {"dataset": name, "records": int(manifest.get("kept", 0)), "tokens": int(tokens["total"]),
@@ -195,17 +198,16 @@ def costs(result: dict[str, Any], args: dict[str, Any]) -> dict[str, dict[str, A
 def throughput(root: Path) -> dict[str, Any]:
     """Tokens per second of the target's forward passes (extract) and of training, as the last runs on this
     host measured them: the chunked route's manifest, else the offline extracts' and train's; None where none ran."""
-    data = root / "data"
-    chunked = read_manifest(data / "draft" / "chunked" / "manifest.json")
+    chunked = read_manifest(layout.output_dir(root, DRAFT, "chunked") / "manifest.json")
     if chunked.get("extract_seconds") and chunked.get("train_seconds"):
         return {"extract_tokens_per_s": chunked["extracted_tokens"] / chunked["extract_seconds"],
-                "train_tokens_per_s": chunked["trained_tokens"] / chunked["train_seconds"], "from": "draft/chunked"}
+                "train_tokens_per_s": chunked["trained_tokens"] / chunked["train_seconds"], "from": layout.job_key(DRAFT, "chunked")}
     extracted, seconds = 0, 0.0
-    for manifest_path in sorted(data.glob("*/extract/manifest.json")):
+    for manifest_path in sorted(layout.data_root(root).glob("*/extract/manifest.json")):
         manifest, prep = read_manifest(manifest_path), prep_manifest(manifest_path.parent.parent)
         if manifest.get("seconds") and prep:
             extracted, seconds = extracted + int(prep["tokens"]["total"]), seconds + float(manifest["seconds"])
-    train = read_manifest(data / "draft" / "train" / "manifest.json")
+    train = read_manifest(layout.output_dir(root, DRAFT, "train") / "manifest.json")
     rate = {"extract_tokens_per_s": extracted / seconds if seconds else None, "train_tokens_per_s": None,
             "from": "offline extract and train" if seconds else None}
     if train.get("seconds") and train.get("engine") == "aerie" and train.get("route") != "chunked" and extracted:

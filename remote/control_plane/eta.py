@@ -21,13 +21,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from remote.control_plane import layout
 from remote.control_plane.progress import read_mapping
+from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:
     from typing import Any
-
-RUNNER = ("pipeline", "run")
 
 
 def job_eta(progress: dict[str, Any], state: str) -> float | None:
@@ -49,13 +49,13 @@ def annotate(root: Path, status: dict[str, Any]) -> dict[str, Any]:
     """Add ``total``, ``done``, ``rate`` and ``eta_s`` to each job; ``eta_s`` to the runner for the whole pipeline."""
     jobs = status.get("jobs", [])
     for job in jobs:
-        progress = read_mapping(root / "jobs" / job["dataset"] / job["stage"] / "progress.json")
+        progress = read_mapping(layout.job_dir(root, job["dataset"], job["stage"]) / layout.PROGRESS)
         job["total"], job["done"], job["rate"] = progress.get("total"), progress.get("done"), progress.get("rate")
         job["eta_s"] = job_eta(progress, job["state"])
-    runner = next((j for j in jobs if (j["dataset"], j["stage"]) == RUNNER), None)
+    runner = next((j for j in jobs if (j["dataset"], j["stage"]) == (RUNNER, RUNNER_STAGE)), None)
     if runner is not None and runner["state"] in ("running", "stalled"):
         try:
-            plan = read_mapping(root / "jobs" / "pipeline" / "run" / "spec.json")["config"]["stage"]["plan"]
+            plan = read_mapping(layout.runner_dir(root) / layout.SPEC)["config"]["stage"]["plan"]
             runner["eta_s"], runner["eta_complete"] = pipeline_eta(plan, jobs)
         except (KeyError, TypeError, AttributeError):
             pass  # a spec it cannot read: no estimate, and the job's own reading says why
@@ -64,7 +64,7 @@ def annotate(root: Path, status: dict[str, Any]) -> dict[str, Any]:
 
 def pipeline_eta(plan: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> tuple[float, bool]:
     """Seconds until every job of `plan` is done, replaying the runner's rules; and whether every job had an estimate."""
-    by_key = {f"{j['dataset']}/{j['stage']}": j for j in jobs}
+    by_key = {layout.job_key(j["dataset"], j["stage"]): j for j in jobs}
     left: dict[str, float | None] = {}
     for node in plan:
         left[node["key"]] = remaining(node, by_key, jobs)
@@ -102,7 +102,7 @@ def stage_rate(stage: str, jobs: list[dict[str, Any]]) -> float | None:
     """Units per second of the stage's jobs that ran (records and skips over their run) or run (their rate)."""
     rates = []
     for job in jobs:
-        if job["stage"] != stage or job["dataset"] == "draft":
+        if job["stage"] != stage or job["dataset"] == DRAFT:
             continue
         if job["state"] in ("running", "stalled") and job.get("rate"):
             rates.append(job["rate"])

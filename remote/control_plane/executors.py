@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from remote.control_plane import processes
+from remote.control_plane.layout import LOG, STATE
 from remote.control_plane.store import HostError
 from remote.control_plane.progress import write_json_atomic
 from remote.control_plane.states import JobState, quiet_for
@@ -87,7 +88,7 @@ class ProcessExecutor(Executor):
 
     def record_starting(self, directory: Path, spec: dict[str, Any], release: Path, starter: processes.Starter) -> dict[str, Any]:
         """The state of a job handed to the starter: alive while the starter is, until its supervisor runs."""
-        write_json_atomic(directory / "state.json", {
+        write_json_atomic(directory / STATE, {
             "dataset": spec["dataset"], "stage": spec["stage"], "executor": self.name,
             "state": JobState.RUNNING.value, "starting": starter.identity,
             "release": release.name, "started_at": time.time(), "stall_after": spec["stall_after"],
@@ -99,14 +100,14 @@ class ProcessExecutor(Executor):
 
         python_path = os.pathsep.join(filter(None, [str(release), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1"}
-        with open(directory / "log", "ab") as log:
+        with open(directory / LOG, "ab") as log:
             # A new session: no controlling terminal, no SIGHUP when the SSH session ends.
             process = subprocess.Popen(
                 [sys.executable, "-m", "remote.control_plane.supervisor", str(directory)],
                 cwd=release, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        write_json_atomic(directory / "state.json", {
+        write_json_atomic(directory / STATE, {
             "dataset": spec["dataset"], "stage": spec["stage"], "executor": self.name,
             "state": JobState.RUNNING.value, **processes.identity(process.pid), "pgid": process.pid,
             "release": release.name,

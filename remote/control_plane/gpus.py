@@ -17,6 +17,7 @@ import os
 import time
 from pathlib import Path
 
+from remote.control_plane import layout
 from remote.control_plane.progress import read_json
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
@@ -60,10 +61,10 @@ def annotate(root: Path, status: dict[str, Any], query: Query | None = None) -> 
     gpus = (query or Query()).read()
     if not gpus:
         return status
-    owners = {job["pid"]: f"{job['dataset']}/{job['stage']}" for job in status.get("jobs", [])
+    owners = {job["pid"]: layout.job_key(job["dataset"], job["stage"]) for job in status.get("jobs", [])
               if job.get("pid") and job.get("state") in ("running", "stalled")}
     try:
-        record = read_json(root / "jobs" / "pipeline" / "server.json", {})
+        record = read_json(layout.server_record(root), {})
     except (OSError, ValueError):
         record = {}
     server = record.get("pid") if isinstance(record, dict) else None

@@ -1,6 +1,6 @@
 """Jobs on the host: launch, describe, stop, over the job store and each job's executor.
 
-The layout and the checked reading of each job's files are `remote.control_plane.store`'s;
+Where each job's files lie is `remote.control_plane.layout`'s, their checked reading `remote.control_plane.store`'s;
 where a job runs (a detached supervisor here, or Slurm) is its executor's
 (`remote.control_plane.executors`). Only the supervisor writes ``state.json`` while it lives;
 launch writes the first one and `stop` the last one when the supervisor is
@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from remote.control_plane import executors, processes
+from remote.control_plane import executors, layout, processes
 from remote.control_plane.store import BrokenJob, HostError, Job, JobStore
 from remote.control_plane.states import JobState
 
@@ -23,10 +23,6 @@ if TYPE_CHECKING:
 
 HEARTBEAT_SECONDS = 5.0
 SUPERVISOR_MARK = "[aerie]"  # the supervisor's own lines in a job's log
-
-
-def job_dir(root: Path, dataset: str, stage: str) -> Path:
-    return JobStore(root).directory(dataset, stage)
 
 
 def all_job_dirs(root: Path) -> list[Path]:
@@ -88,7 +84,7 @@ def read(job: Job, now: float, views: dict[str, Any] | None = None) -> tuple[Job
         reading = _reading(job, now, views)
         if not (reading.state.is_terminal() and job.state and not JobState(job.state["state"]).is_terminal()):
             break
-        again = JobStore(job.directory.parents[2]).read(job.directory)
+        again = JobStore(layout.root_of(job.directory)).read(job.directory)
         if again.state == job.state:
             break
         job = again
@@ -97,7 +93,7 @@ def read(job: Job, now: float, views: dict[str, Any] | None = None) -> tuple[Job
 
 def _reading(job: Job, now: float, views: dict[str, Any] | None) -> executors.Reading:
     if not job.state:
-        return executors.Reading(JobState.BROKEN, "state.json is empty")
+        return executors.Reading(JobState.BROKEN, f"{layout.STATE} is empty")
     executor = executors.of(job.state)
     return executor.read(job.state, job.progress, now, (views or {}).get(executor.name))
 
@@ -105,7 +101,7 @@ def _reading(job: Job, now: float, views: dict[str, Any] | None) -> executors.Re
 def describe(directory: Path, now: float, views: dict[str, Any] | None = None, job: Job | None = None) -> dict[str, Any]:
     """One job as the workstation shows it; a job that cannot be read is `broken`, with the reason."""
     try:
-        job, reading = read(job or JobStore(directory.parents[2]).read(directory), now, views)
+        job, reading = read(job or JobStore(layout.root_of(directory)).read(directory), now, views)
     except (BrokenJob, HostError, ValueError, KeyError, TypeError, OSError) as exc:
         return broken(directory, str(exc) if isinstance(exc, (BrokenJob, HostError)) else f"{type(exc).__name__}: {exc}")
     return {**_job_fields(job, reading), **reading.fields}
@@ -119,7 +115,7 @@ def broken(directory: Path, reason: str) -> dict[str, Any]:
 def _job_fields(job: Job, reading: executors.Reading) -> dict[str, Any]:
     state, progress, directory = job.state, job.progress, job.directory
     skip_reasons = progress.get("skip_reasons", {})
-    log_line = last_line(directory / "log")
+    log_line = last_line(directory / layout.LOG)
     return {
         "dataset": directory.parent.name,
         "stage": directory.name,
@@ -254,7 +250,7 @@ def _refusal(directory: Path, spec: dict[str, Any], only: set[JobState] | None, 
     """Why the job must not start now (under its lock), or None after ending what must end first."""
     # NOTE: decided under the lock: a concurrent rerun may have just relaunched it.
     try:
-        job, reading = read(JobStore(directory.parents[2]).read(directory), time.time())
+        job, reading = read(JobStore(layout.root_of(directory)).read(directory), time.time())
         reading = reading if job.state else None
     except BrokenJob:
         job, reading = None, executors.Reading(JobState.BROKEN)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from remote.control_plane import slurm
+from remote.control_plane.layout import LOG, SCRIPT, STATE
 from remote.control_plane.progress import write_json_atomic
 from remote.control_plane.slurm import SlurmJob
 from remote.control_plane.states import JobState, quiet_for
@@ -33,13 +34,13 @@ def is_slurm(state: dict[str, Any]) -> bool:
 
 def submit(directory: Path, spec: dict[str, Any], release: Path, after: list[str]) -> dict[str, Any]:
     """sbatch the supervisor for this job; its first state record (`waiting`, with the Slurm job id)."""
-    script = directory / "job.sh"
+    script = directory / SCRIPT
     script.write_text(
         "#!/bin/sh\n# Written by aerie: the job's supervisor, run inside the allocation.\n"
         f"exec {shlex.quote(sys.executable)} -m remote.control_plane.supervisor {shlex.quote(str(directory))}\n")
     resources = spec["slurm"]
     job_id = slurm.submit(
-        script, job_name=f"aerie-{spec['dataset']}-{spec['stage']}", output=directory / "log", workdir=release,
+        script, job_name=f"aerie-{spec['dataset']}-{spec['stage']}", output=directory / LOG, workdir=release,
         partition=resources.get("partition"), gpus=resources.get("gpus"), cpus=resources.get("cpus"),
         mem=resources.get("mem"), time=resources.get("time"), account=resources.get("account"),
         extra=resources.get("extra") or [], dependency=after,
@@ -51,7 +52,7 @@ def submit(directory: Path, spec: dict[str, Any], release: Path, after: list[str
         "slurm_job_id": job_id, "release": release.name, "submitted_at": time.time(),
         "stall_after": spec["stall_after"], "waiting_for": spec.get("after") or None, "executor": "slurm",
     }
-    write_json_atomic(directory / "state.json", state)
+    write_json_atomic(directory / STATE, state)
     return state
 
 

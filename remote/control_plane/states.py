@@ -12,6 +12,8 @@ from enum import Enum
 #: can be a dataset's name (local/inventory.py refuses them).
 RUNNER = "pipeline"
 DRAFT = "draft"
+#: The runner's stage: the runner's job is (RUNNER, RUNNER_STAGE); `remote.control_plane.layout` keys it.
+RUNNER_STAGE = "run"
 
 
 class JobState(str, Enum):

@@ -1,4 +1,4 @@
-"""The job store on the host: the layout under ``<root>/jobs``, and each job read on its own.
+"""The job store on the host: the jobs under ``<root>/jobs``, each read on its own.
 
 One directory per (dataset, stage), plus the pseudo jobs of ``inv run``
 (``pipeline/run``, ``draft/train``)::
@@ -9,6 +9,8 @@ One directory per (dataset, stage), plus the pseudo jobs of ``inv run``
     log            the stage's output, capped at the spec's `log_limit`; the previous run's is kept as log.1
     stop.json      `inv stop`'s request, written before it signals: only then does the job end `stopped`
     launch.lock    taken while a launch, rerun or stop decides about the job
+
+The names, and where the directories lie, are `remote.control_plane.layout`'s.
 
 Every file is checked as it is read: a job whose files are torn, of the wrong
 type or hold bytes that are not JSON raises `BrokenJob` with the reason, which
@@ -24,6 +26,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from remote.control_plane import layout
+from remote.control_plane.layout import LOCK, LOG, PROGRESS, SPEC, STATE, STOP
 from remote.control_plane.progress import read_mapping, write_json_atomic
 from remote.control_plane.states import JobState
 
@@ -31,8 +35,6 @@ TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__
 if TYPE_CHECKING:
     from typing import Any, Iterator
 
-STATE, SPEC, PROGRESS, LOG, LOCK = "state.json", "spec.json", "progress.json", "log", "launch.lock"
-STOP = "stop.json"
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 #: Fields of state.json and progress.json that must be numbers when present.
 TIMES = ("started_at", "ended_at", "heartbeat_at", "submitted_at", "stall_after", "updated_at")
@@ -56,7 +58,7 @@ class Job:
 
     @property
     def key(self) -> str:
-        return f"{self.directory.parent.name}/{self.directory.name}"
+        return layout.key_of(self.directory)
 
 
 class JobStore:
@@ -67,11 +69,11 @@ class JobStore:
         for name in (dataset, stage):  # the workstation checks names first; a job never leaves its root
             if not SAFE_NAME.fullmatch(str(name)):
                 raise HostError(f"{name!r} is not a job name: letters, digits, '_', '.' and '-', starting with a letter or digit")
-        return self.root / "jobs" / dataset / stage
+        return layout.job_dir(self.root, dataset, stage)
 
     def directories(self) -> list[Path]:
         """Every job that has a record, a broken one included (a directory where state.json was)."""
-        return sorted(p.parent for p in (self.root / "jobs").glob(f"*/*/{STATE}"))
+        return sorted(p.parent for p in layout.jobs_dir(self.root).glob(f"*/*/{STATE}"))
 
     def current_release(self) -> Path:
         link = self.root / "current"

@@ -26,36 +26,12 @@ from typing import Any, Callable, Iterator
 from remote.control_plane import scratch
 from remote import server
 from remote.control_plane.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, bounded, last_line, tail
+from remote.control_plane.layout import LOCK, LOG, PROGRESS, SERVER_LOG, SPEC, STATE, STOP
 from remote.control_plane.logfile import CappedLog
 from remote.control_plane.processes import die_with_parent, identity
-from remote.control_plane.progress import PROGRESS_ENV, read_json, read_mapping, write_json_atomic
-from remote.stages import DEFAULT_COMMANDS
+from remote.control_plane.progress import read_json, read_mapping, write_json_atomic
+from remote.control_plane.stage_contract import OUTPUT_ENV, stage_command, stage_env
 from remote.control_plane.states import JobState
-from remote.control_plane.store import STOP
-
-
-def stage_env(spec: dict[str, Any], directory: Path, release: Path, run: str = "") -> dict[str, str]:
-    """The stage contract's variables (see remote.stages)."""
-    root = directory.parents[2]
-    data = root / "data" / spec["dataset"]
-    return {
-        "AERIE_ROOT": str(root),
-        "AERIE_RELEASE": release.name,
-        "AERIE_DATASET": spec["dataset"],
-        "AERIE_STAGE": spec["stage"],
-        "AERIE_SOURCE": spec.get("source", ""),
-        "AERIE_KIND": spec.get("kind", "native"),
-        "AERIE_OUTPUT": str(data / spec["stage"]),
-        "AERIE_DATA": str(data),
-        PROGRESS_ENV: str(directory / "progress.json"),
-        "AERIE_CONFIG": json.dumps(spec.get("config", {})),
-        scratch.RUN_ENV: run or scratch.run_id(),
-    }
-
-
-def stage_command(spec: dict[str, Any]) -> str:
-    command = spec.get("command") or DEFAULT_COMMANDS[spec["stage"]]
-    return command.replace("{python}", sys.executable)
 
 
 def exec_form(command: str) -> str:
@@ -122,7 +98,7 @@ def inference_server(settings: dict[str, Any] | None, directory: Path, say: Call
     On one host `inv run`'s pipeline runner manages the server instead, and such
     specs carry no `server`.
     """
-    managed = server.ManagedServer(settings, directory / "server.log")
+    managed = server.ManagedServer(settings, directory / SERVER_LOG)
     if not managed.is_managed:
         yield
         return
@@ -137,7 +113,7 @@ def inference_server(settings: dict[str, Any] | None, directory: Path, say: Call
 class Supervisor:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.state_path = directory / "state.json"
+        self.state_path = directory / STATE
         self.stopping = False
         self.signalled: signal.Signals | None = None
         self.child: subprocess.Popen[bytes] | None = None
@@ -145,7 +121,7 @@ class Supervisor:
 
     def run(self) -> int:
         self._wait_for_launcher()
-        spec = read_json(self.directory / "spec.json")
+        spec = read_json(self.directory / SPEC)
         state = read_json(self.state_path)
         # Under Slurm the job was only queued by the launcher: this is where it starts, and on which node.
         # The run's id names its temporary files, so that no other run of this job can take them for its own.
@@ -155,16 +131,16 @@ class Supervisor:
                      started_at=state.get("started_at") or time.time())
         write_json_atomic(self.state_path, state)
         # Every byte of the log passes through here from now on, so that it stays under its limit.
-        self.log = CappedLog(self.directory / "log", spec.get("log_limit"))
+        self.log = CappedLog(self.directory / LOG, spec.get("log_limit"))
         self.log.take_stdio()
         release = Path.cwd()
         env = {**os.environ, **stage_env(spec, self.directory, release, self.run_id)}
-        self.output = Path(env["AERIE_OUTPUT"])
+        self.output = Path(env[OUTPUT_ENV])
         self.output.mkdir(parents=True, exist_ok=True)
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        command = stage_command(spec)
+        command = stage_command(spec["stage"], spec.get("command"))
         self._log_line(f"{SUPERVISOR_MARK} {spec['stage']} {spec['dataset']} on release {release.name}: {command}")
         try:
             with inference_server(spec.get("server"), self.directory, self._log_line):
@@ -199,7 +175,7 @@ class Supervisor:
 
     def _wait_for_launcher(self) -> None:
         # The launcher holds this lock until it has recorded our pid; then state.json is ours.
-        with open(self.directory / "launch.lock", "a") as handle:
+        with open(self.directory / LOCK, "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
 
     def _on_term(self, signum: int, frame: object) -> None:
@@ -225,12 +201,12 @@ class Supervisor:
                     _remove_torn(self.state_path)
 
     def _finish(self, state: dict[str, Any], exit_code: int) -> JobState:
-        progress = read_mapping(self.directory / "progress.json")
+        progress = read_mapping(self.directory / PROGRESS)
         records = progress.get("records", 0) if isinstance(progress.get("records"), int) else 0
         ended = end_state(exit_code, records, self.stopping, self.signalled)
         no_space = False
         if ended != JobState.SUCCEEDED:
-            log = self.directory / "log"
+            log = self.directory / LOG
             no_space = scratch.is_nearly_full(self.output) or scratch.NO_SPACE in tail(log)
             removed = scratch.remove_temporaries(self.output, self.run_id)
             if removed:
@@ -241,7 +217,7 @@ class Supervisor:
             exit_code=exit_code,
             signal=getattr(self.signalled or killed_by(exit_code), "name", None),
             ended_at=time.time(),
-            message=bounded(end_message(ended, exit_code, progress, self.directory / "log", no_space, self.signalled),
+            message=bounded(end_message(ended, exit_code, progress, self.directory / LOG, no_space, self.signalled),
                             2 * ERROR_LIMIT),
         )
         # The log's last line first: `inv logs --follow` ends when it reads the end state, and must have it.

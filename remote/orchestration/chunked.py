@@ -42,7 +42,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -50,8 +49,11 @@ from typing import Any
 from remote import sizing
 from remote.eagle3 import StageInputError
 from remote.eagle3.extractor import DTYPES
+from remote.control_plane import layout
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
-from remote.stages import DEFAULT_COMMANDS, StageContext
+from remote.control_plane.stage_contract import DEFAULT_COMMANDS, stage_command, stage_variables
+from remote.control_plane.states import DRAFT
+from remote.stages import StageContext
 from remote.settings import need
 
 #: The copied ids (int32) and mask (int8) of a chunk's prep subset, per token, rounded up.
@@ -114,7 +116,7 @@ def offline_path(dataset: str, index: int, shard_size: int) -> Path:
     """Where the offline route's extract would store the record (the held-out rule hashes this path)."""
     from remote.eagle3.shards import sample_name, shard_name
 
-    return Path("data") / dataset / "extract" / shard_name(index // shard_size) / sample_name(index)
+    return layout.output_dir(Path(), dataset, "extract") / shard_name(index // shard_size) / sample_name(index)
 
 
 def epochs_per_pass(epochs: int, passes: int) -> list[int]:
@@ -395,7 +397,7 @@ class Chunked:
             self.extractor.run(directory / "prep", directory / "extract", Relay(self.progress, skips))
             self.measured(target_loads=self.extractor.loads - loads)
         else:
-            self.stage("extract", self.stage_settings(self.extract), directory, [directory / "prep"], "draft")
+            self.stage("extract", self.stage_settings(self.extract), directory, [directory / "prep"], DRAFT)
             self.measured(target_loads=1)
 
     def train_chunk(self, directory: Path, epochs: int, name: str, seed: int) -> None:
@@ -408,18 +410,15 @@ class Chunked:
             return
         settings = {**self.stage_settings(self.train), "epochs": epochs, "schedule_steps": self.schedule(),
                     "eval_records": 0, "chunk_pass": name}
-        self.stage("train", settings, self.ctx.data, inputs, "draft")
+        self.stage("train", settings, self.ctx.data, inputs, DRAFT)
 
     def stage(self, name: str, settings: dict[str, Any], data: Path, inputs: list[Path], dataset: str) -> None:
-        """Run a stage's configured command the way the supervisor would, in this job's log."""
-        output = data / name
-        output.mkdir(parents=True, exist_ok=True)
+        """Run a stage's configured command the way the supervisor would (`stage_contract`), in this job's log."""
+        layout.stage_output(data, name).mkdir(parents=True, exist_ok=True)
         config = {"dataset": {}, "stage": settings, "inventory": self.ctx.shared_config, "inputs": [str(p) for p in inputs]}
-        env = {**os.environ, "AERIE_DATASET": dataset, "AERIE_STAGE": name, "AERIE_OUTPUT": str(output),
-               "AERIE_DATA": str(data), "AERIE_CONFIG": json.dumps(config),
-               "AERIE_PROGRESS": str(self.out / f".{name}.progress.json")}
-        command = ((self.extract if name == "extract" else self.train).get("command")
-                   or DEFAULT_COMMANDS[name]).replace("{python}", sys.executable)
+        # NOTE: the sub-stage's progress is a file of this job's output, not this job's progress file.
+        env = {**os.environ, **stage_variables(dataset, name, data, self.out / f".{name}.progress.json", config)}
+        command = stage_command(name, (self.extract if name == "extract" else self.train).get("command"))
         process = subprocess.Popen(command, shell=True, env=env)
         while True:
             try:

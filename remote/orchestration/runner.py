@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from remote.control_plane import jobs
+from remote.control_plane import jobs, layout
 from remote import server
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.stages import StageContext
@@ -37,17 +37,17 @@ class Runner:
         self.plan: list[dict[str, Any]] = ctx.stage_config["plan"]
         self.server_settings: dict[str, Any] = ctx.stage_config.get("server") or {}
         self.progress = progress
-        self.me = read_json(jobs.job_dir(self.root, "pipeline", "run") / "state.json", {})
+        self.me = read_json(layout.runner_dir(self.root) / layout.STATE, {})
         # Fresh (`inv run`): every job runs again. Resumed (`inv rerun`): succeeded jobs stay done.
         self.started: set[str] = set()
         if not ctx.stage_config.get("fresh", True):
             self.started = {n["key"] for n in self.plan if self.state_of(n["key"]) == JobState.SUCCEEDED}
-        record = self.root / "jobs" / "pipeline" / "server.json"
-        self.server = server.ManagedServer(self.server_settings, record.with_name("server.log"), record)
+        record = layout.server_record(self.root)
+        self.server = server.ManagedServer(self.server_settings, record.with_name(layout.SERVER_LOG), record)
 
     def state_of(self, key: str) -> JobState | None:
-        directory = self.root / "jobs" / key
-        if not (directory / "state.json").exists():
+        directory = layout.key_dir(self.root, key)
+        if not (directory / layout.STATE).exists():
             return None
         return JobState(jobs.describe(directory, time.time())["state"])
 
@@ -93,7 +93,7 @@ class Runner:
                 active.append(node)
 
     def wait(self, node: dict[str, Any], waiting_for: list[str], message: str, blocked_by: list[str] | None = None) -> None:
-        directory = self.root / "jobs" / node["key"]
+        directory = layout.key_dir(self.root, node["key"])
         directory.mkdir(parents=True, exist_ok=True)
         state = {
             "dataset": node["spec"]["dataset"], "stage": node["spec"]["stage"], "state": JobState.WAITING.value,
@@ -102,11 +102,11 @@ class Runner:
             "pid_start": self.me.get("pid_start"), "boot_id": self.me.get("boot_id"), "stall_after": 10 ** 9,
         }
         try:
-            recorded = read_object(directory / "state.json")
+            recorded = read_object(directory / layout.STATE)
         except BrokenJob:
             recorded = None  # a broken record: this one replaces it
         if recorded != state:
-            write_json_atomic(directory / "state.json", state)
+            write_json_atomic(directory / layout.STATE, state)
 
     def start(self, node: dict[str, Any]) -> None:
         result = jobs.launch(self.root, node["spec"])

@@ -25,7 +25,9 @@ AERIE_CONFIG        JSON: ``{"dataset": {...}, "stage": {...}, "inventory": {...
 
 The exit code and the progress counters decide the job's state: non-zero is
 `failed`, zero with no records written is `empty`, zero with records is
-`succeeded`. A stage reads its context with `StageContext.from_env()`.
+`succeeded`. A stage reads its context with `StageContext.from_env()`. The variables
+are written by `remote.control_plane.stage_contract` (their names, the default commands),
+for the supervisor and for the chunked route's per-chunk stages alike.
 """
 
 from __future__ import annotations
@@ -36,23 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from remote.control_plane import layout
 from remote.control_plane.progress import Progress
-
-#: The command of each known stage; ``{python}`` is the host's interpreter.
-DEFAULT_COMMANDS = {
-    "prep": "{python} -m remote.stages.prep",
-    "infer": "{python} -m remote.stages.infer",
-    "extract": "{python} -m remote.stages.extract",
-    "train": "{python} -m remote.stages.train",
-    # The prep code again, over the infer stage's answers (prompts datasets).
-    "tokenize": "{python} -m remote.stages.prep",
-    # `inv eval`: the draft measured on SGLang, with and without speculation (job draft/eval).
-    "eval": "{python} -m remote.stages.eval",
-    # The chunked route: extract a chunk, train on it, delete it, for every chunk (remote.orchestration.chunked).
-    "chunked": "{python} -m remote.orchestration.chunked",
-    # `inv run`'s pipeline runner, itself a supervised job (remote.orchestration.runner).
-    "run": "{python} -m remote.orchestration.runner",
-}
+from remote.control_plane.stage_contract import (
+    CONFIG_ENV, DATA_ENV, DATASET_ENV, KIND_ENV, OUTPUT_ENV, RELEASE_ENV, ROOT_ENV, SOURCE_ENV, STAGE_ENV,
+)
 
 
 @dataclass(frozen=True)
@@ -73,15 +63,15 @@ class StageContext:
     def from_env(cls, env: dict[str, str] | None = None) -> "StageContext":
         env = os.environ if env is None else env
         return cls(
-            root=Path(env["AERIE_ROOT"]),
-            release=env.get("AERIE_RELEASE", ""),
-            dataset=env["AERIE_DATASET"],
-            stage=env["AERIE_STAGE"],
-            source=env.get("AERIE_SOURCE", ""),
-            kind=env.get("AERIE_KIND", "native"),
-            output=Path(env["AERIE_OUTPUT"]),
-            data=Path(env["AERIE_DATA"]),
-            config=json.loads(env.get("AERIE_CONFIG") or "{}"),
+            root=Path(env[ROOT_ENV]),
+            release=env.get(RELEASE_ENV, ""),
+            dataset=env[DATASET_ENV],
+            stage=env[STAGE_ENV],
+            source=env.get(SOURCE_ENV, ""),
+            kind=env.get(KIND_ENV, "native"),
+            output=Path(env[OUTPUT_ENV]),
+            data=Path(env[DATA_ENV]),
+            config=json.loads(env.get(CONFIG_ENV) or "{}"),
         )
 
     @property
@@ -98,7 +88,7 @@ class StageContext:
 
     def upstream(self, stage: str) -> Path:
         """The output directory of an earlier stage of the same dataset."""
-        return self.data / stage
+        return layout.stage_output(self.data, stage)
 
     def inputs(self, stage: str) -> list[Path]:
         """The directories to read: the pipeline's choice (``config["inputs"]``, e.g. every
