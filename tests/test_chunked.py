@@ -334,7 +334,7 @@ def test_the_held_out_records_are_the_offline_route_s_and_keep_to_a_quarter_of_t
 
 
 def test_a_long_load_keeps_the_job_alive_and_its_error_reaches_the_caller() -> None:
-    from remote.eagle3.resident import while_beating
+    from remote.orchestration.resident import while_beating
 
     beats: list[float] = []
     assert while_beating(lambda: time.sleep(0.25) or "model", lambda: beats.append(time.monotonic()), every=0.05) == "model"

@@ -22,7 +22,7 @@ reads every record through the target once (E times fewer forward passes, but
 E epochs on one chunk at a time: docs/chunked.md has both measured).
 
 **The stages**: the built-in extract and train run inside this job
-(`remote.eagle3.resident`): the target is loaded once per run, the draft and
+(`remote.orchestration.resident`): the target is loaded once per run, the draft and
 its optimizer are kept from chunk to chunk, with one learning-rate schedule
 over the run. A configured ``stages.extract.command`` or ``stages.train.command``
 (or ``engine: specforge``) runs as its own process per chunk and pass instead.
@@ -251,7 +251,7 @@ class Chunked:
     # -- running -------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        from remote.eagle3 import resident
+        from remote.orchestration import resident
 
         started = time.time()
         self.out.mkdir(parents=True, exist_ok=True)
@@ -390,7 +390,7 @@ class Chunked:
         self.run_extract(directory, skips)
 
     def run_extract(self, directory: Path, skips: bool) -> None:
-        from remote.eagle3.resident import Relay
+        from remote.orchestration.resident import Relay
 
         if self.extractor is not None:
             loads = self.extractor.loads
