@@ -6,6 +6,12 @@ sends each stage's complete settings in the job's spec, so a key missing here is
 a spec from an older workstation or one written by hand: the stage says which
 key in one line instead of guessing a second default that would drift from the
 first (train's ``max_length`` was 2048 in one place and 4096 in another).
+
+Every stage reads its settings the same way: a frozen dataclass of them
+(`remote.prep.prep_settings`, `remote.infer.infer_settings`,
+`remote.eagle3.extract_settings`, `remote.eagle3.train_settings`,
+`remote.eval.eval_settings`) built by `typed`, each value given its type once
+there; tests/test_settings.py holds every stage to it.
 """
 
 from __future__ import annotations
@@ -16,28 +22,12 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def need(settings: dict[str, Any], stage: str, key: str, error: type[Exception] = ValueError) -> Any:
-    """``settings[key]``, or `error` naming ``stages.<stage>.<key>`` when the spec lacks it."""
-    try:
-        return settings[key]
-    except KeyError:
-        raise error(f"stages.{stage}.{key} is missing from the job's settings: the workstation sends every "
-                    "setting; launch the job again from an up-to-date checkout") from None
-
-
-def missing(settings: dict[str, Any], stage: str, keys: list[str]) -> str | None:
-    """The one-line complaint about the first of `keys` that `settings` lacks, or None."""
-    absent = [key for key in keys if key not in settings]
-    if not absent:
-        return None
-    return (f"stages.{stage}.{', '.join(absent)} {'is' if len(absent) == 1 else 'are'} missing from the job's settings: "
-            "the workstation sends every setting; launch the job again from an up-to-date checkout")
-
-
 def typed(cls: type[T], settings: dict[str, Any], stage: str, error: type[Exception]) -> T:
-    """The dataclass `cls` of `stage`'s settings, from exactly its fields; `error` names the keys the spec lacks."""
+    """The dataclass `cls` of `stage`'s settings, from exactly its fields (other keys are the supervisor's or another
+    class's); `error` is one line naming every ``stages.<stage>.<key>`` the spec lacks."""
     known = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-    absent = missing(settings, stage, known)
+    absent = [key for key in known if key not in settings]
     if absent:
-        raise error(absent)
+        raise error(f"stages.{stage}.{', '.join(absent)} {'is' if len(absent) == 1 else 'are'} missing from the job's "
+                    "settings: the workstation sends every setting; launch the job again from an up-to-date checkout")
     return cls(**{k: settings[k] for k in known})

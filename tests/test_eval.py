@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from remote.eval import reports
+from benchmarks.harness.stage_settings import complete
+from remote.eval.eval_settings import EvalSettings
 from remote.eval.sglang import Measurement, Setting, launch_command
 from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
 from tests.stages import sglang_standin
@@ -138,8 +140,9 @@ def setup_is_serving(bench: Bench, port: int) -> bool:
 
 
 def test_the_launch_command_is_sglang_s_with_the_inventory_s_flags_and_the_setting_s() -> None:
-    settings = {"launcher": "{python} -m sglang.launch_server", "model": "/m/Kimi K2.5", "port": 30100,
-                "server_args": ["--tp-size", "8", "--trust-remote-code"], "draft": "/r/data/draft/train/draft"}
+    settings = EvalSettings.from_config(complete("eval", {
+        "launcher": "{python} -m sglang.launch_server", "model": "/m/Kimi K2.5", "port": 30100,
+        "server_args": ["--tp-size", "8", "--trust-remote-code"], "draft": "/r/data/draft/train/draft"}))
 
     baseline = launch_command(settings, None)
     speculative = launch_command(settings, Setting(3, 1, 4))

@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.harness.stage_settings import complete
 from local.inventory import default_grid
 from remote import server
 from remote.eagle3 import checkpoint, draft_config
 from remote.eagle3.model import Eagle3Draft
 from remote.eagle3.target import read_config
+from remote.eval.eval_settings import EvalSettings
 from remote.eval.sglang import SPECULATIVE_MAX_RUNNING, Setting, batching_warnings, launch_argv, launch_command
 from tests.pipeline_fixtures import kimi_target, tiny_target
 from tests.sglang_real import sglang
@@ -49,9 +51,9 @@ def write_draft(target: Path, directory: Path) -> Path:
     return checkpoint.save(model, directory)
 
 
-def eval_settings(target: Path, draft: Path, server_args: list[str]) -> dict:
-    return {"launcher": "{python} -m sglang.launch_server", "model": str(target), "port": 30100,
-            "server_args": server_args, "draft": str(draft)}
+def eval_settings(target: Path, draft: Path, server_args: list[str]) -> EvalSettings:
+    return EvalSettings.from_config(complete("eval", {"launcher": "{python} -m sglang.launch_server", "model": str(target),
+                                                      "port": 30100, "server_args": server_args, "draft": str(draft)}))
 
 
 def grid() -> list[Setting]:

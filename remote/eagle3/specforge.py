@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from remote.eagle3 import StageInputError
-from remote.settings import need
+from remote.eagle3.train_settings import TrainSettings
 
 SCRIPT = Path("scripts") / "train_eagle3.py"
 CLI_MODULE = Path("specforge") / "cli.py"
@@ -113,25 +113,23 @@ def identity(run: SpecForgeRun) -> dict[str, Any]:
             "layers": list(run.layers), "data": run.data_identity}
 
 
-def settings(stage: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """The SpecForge-only settings, with the one-line errors a missing one deserves."""
+def specforge_dir(stage: dict[str, Any], env: dict[str, str] | None = None) -> Path | None:
+    """Where SpecForge is (``stages.train.specforge_dir``, else ``$SPECFORGE_DIR``; None: the installed one),
+    refused in one line first when ``stages.train.draft_config`` is unset: SpecForge trains only a given draft.
+    The other settings SpecForge reads are `remote.eagle3.train_settings.TrainSettings`'."""
     env = os.environ if env is None else env
     where = stage.get("specforge_dir") or env.get("SPECFORGE_DIR")
     if not stage.get("draft_config"):
         raise StageInputError("engine specforge needs stages.train.draft_config (e.g. SpecForge's configs/kimi-k25-eagle3.json)")
-    return {
-        "specforge_dir": Path(where).expanduser() if where else None,
-        "chat_template": need(stage, "train", "chat_template", StageInputError),
-        "nproc": int(need(stage, "train", "nproc", StageInputError)),
-        "max_length": int(need(stage, "train", "max_length", StageInputError)),
-    }
+    return Path(where).expanduser() if where else None
 
 
-def missing_online_settings(stage: dict[str, Any]) -> list[str]:
+def missing_online_settings(settings: TrainSettings, stage: dict[str, Any]) -> list[str]:
     """The online route's settings SpecForge's launcher cannot do without and aerie cannot choose
-    (`local.inventory.Train.specforge_refusal` asks for them first; this is the host's defence)."""
+    (`local.inventory.Train.specforge_refusal` asks for them first; this is the host's defence);
+    ``specforge_mooncake``, unset unless given, is read from the stage's config `stage`."""
     mooncake = stage.get("specforge_mooncake") or {}
-    missing = [] if stage.get("specforge_server_urls") else ["specforge_server_urls"]
+    missing = [] if settings.specforge_server_urls else ["specforge_server_urls"]
     return missing + [f"specforge_mooncake.{key}" for key in ("metadata_server", "master_server_addr") if not mooncake.get(key)]
 
 

@@ -42,7 +42,10 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from remote.eval.eval_settings import EvalSettings
 
 ALGORITHM = "EAGLE3"
 #: SGLang's --max-running-requests for a speculative server that does not set it.
@@ -72,17 +75,17 @@ class Setting:
         return f"steps {self.num_steps}, topk {self.topk}, draft tokens {self.num_draft_tokens}"
 
 
-def server_args(settings: dict[str, Any]) -> list[str]:
+def server_args(settings: EvalSettings) -> list[str]:
     """The inventory's server flags, with the same --max-running-requests for every server of the comparison."""
-    args = list(settings["server_args"])
+    args = list(settings.server_args)
     if any(a == MAX_RUNNING_FLAG or a.startswith(MAX_RUNNING_FLAG + "=") or a == "--config" for a in args):
         return args
     return [*args, MAX_RUNNING_FLAG, str(SPECULATIVE_MAX_RUNNING)]
 
 
-def batching_warnings(settings: dict[str, Any]) -> list[str]:
+def batching_warnings(settings: EvalSettings) -> list[str]:
     """Where the servers may batch differently and aerie cannot tell (a --config file)."""
-    args = list(settings["server_args"])
+    args = list(settings.server_args)
     if "--config" in args and not any(a == MAX_RUNNING_FLAG or a.startswith(MAX_RUNNING_FLAG + "=") for a in args):
         return [f"server_args pass --config: if it does not set max-running-requests, SGLang caps the speculative "
                 f"servers at {SPECULATIVE_MAX_RUNNING} running requests and the baseline not at all, so the speed-ups "
@@ -90,18 +93,18 @@ def batching_warnings(settings: dict[str, Any]) -> list[str]:
     return []
 
 
-def launch_argv(settings: dict[str, Any], setting: Setting | None) -> list[str]:
+def launch_argv(settings: EvalSettings, setting: Setting | None) -> list[str]:
     """The server's arguments (after the launcher): the target, with `setting`'s speculation or none."""
-    argv = ["--model-path", settings["model"], "--host", "127.0.0.1", "--port", str(settings["port"]),
+    argv = ["--model-path", settings.model, "--host", "127.0.0.1", "--port", str(settings.port),
             *server_args(settings)]
     if setting is not None:
-        argv += setting.flags(settings["draft"])
+        argv += setting.flags(settings.draft)
     return argv
 
 
-def launch_command(settings: dict[str, Any], setting: Setting | None) -> str:
+def launch_command(settings: EvalSettings, setting: Setting | None) -> str:
     """The shell command that starts the target (with `setting`'s speculation, or none)."""
-    launcher = settings["launcher"]  # `{python} -m sglang.launch_server` unless the inventory says otherwise
+    launcher = settings.launcher  # `{python} -m sglang.launch_server` unless the inventory says otherwise
     return launcher.replace("{python}", shlex.quote(sys.executable)) + " " + shlex.join(launch_argv(settings, setting))
 
 

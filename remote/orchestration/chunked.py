@@ -43,18 +43,19 @@ import random
 import shutil
 import subprocess
 import time
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from remote import sizing
 from remote.eagle3 import StageInputError
-from remote.eagle3.extractor import DTYPES
+from remote.eagle3.extract_settings import ExtractSettings
+from remote.eagle3.train_settings import TrainSettings
 from remote.control_plane import layout
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.control_plane.stage_contract import DEFAULT_COMMANDS, stage_command, stage_variables
 from remote.control_plane.states import DRAFT
 from remote.stages import StageContext
-from remote.settings import need
 
 #: The copied ids (int32) and mask (int8) of a chunk's prep subset, per token, rounded up.
 PREP_BYTES_PER_TOKEN = 8
@@ -148,11 +149,12 @@ class Chunked:
         settings = ctx.stage_config
         self.extract: dict[str, Any] = settings.get("extract") or {}
         self.train: dict[str, Any] = settings.get("train") or {}
-        self.epochs = int(need(self.train, "train", "epochs", StageInputError))
+        self.train_settings = TrainSettings.from_config(self.train)
+        self.epochs = self.train_settings.epochs
         self.passes = int(self.extract.get("passes") or self.epochs)  # default: re-extracted every epoch
         if not 1 <= self.passes <= self.epochs:
             raise StageInputError(f"stages.extract.passes {self.passes}: expected 1 to stages.train.epochs ({self.epochs})")
-        self.batch = int(need(self.train, "train", "batch_size", StageInputError))
+        self.batch = self.train_settings.batch_size
         self.budget = sizing.parse_size(settings.get("disk_budget"))
         if not self.budget:
             raise StageInputError("the chunked route needs stages.extract.disk_budget (e.g. 500G)")
@@ -164,18 +166,21 @@ class Chunked:
         # NOTE: the built-in stages, named or not, run in this process; any other command is opaque.
         self.resident_extract = self.extract.get("command") in (None, "", DEFAULT_COMMANDS["extract"])
         self.resident_train = (self.train.get("command") in (None, "", DEFAULT_COMMANDS["train"])
-                               and need(self.train, "train", "engine", StageInputError) == "aerie")
+                               and self.train_settings.engine == "aerie")
 
     # -- the plan of chunks ------------------------------------------------------
 
+    @cached_property
+    def extract_settings(self) -> ExtractSettings:
+        """``stages.extract``, typed where the plan first needs it: the pass count is checked before."""
+        return ExtractSettings.from_config(self.extract)
+
     def per_token(self) -> int:
-        dtype = need(self.extract, "extract", "dtype", StageInputError)
-        if dtype not in DTYPES:
-            raise StageInputError(f"stages.extract.dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+        settings = self.extract_settings
         hidden = sizing.hidden_size((self.ctx.shared_config.get("target") or {}).get("model"))
         if not hidden:
             raise StageInputError("target.model has no readable config.json with hidden_size on the host")
-        return sizing.bytes_per_token(self.extract.get("layers") or [2, 30, 58], hidden, dtype)
+        return sizing.bytes_per_token(settings.layers, hidden, settings.dtype)
 
     def plan(self) -> dict[str, Any]:
         """{heldout, chunks: [{dataset: [indices]}], records, tokens}; made once and kept (chunks.json)."""
@@ -210,9 +215,9 @@ class Chunked:
             return set()  # a train command measures nothing here: every record is trained on
         from remote.eagle3 import heldout
 
-        shard_size = int(need(self.extract, "extract", "shard_size", StageInputError))
+        shard_size = self.extract_settings.shard_size
         paths = {offline_path(name, i, shard_size): (name, i, n) for name, i, n in records}
-        _, held = heldout.split(list(paths), self.train.get("eval_records"), float(self.train.get("eval_fraction") or 0))
+        _, held = heldout.split(list(paths), self.train_settings.eval_records, self.train_settings.eval_fraction)
         kept, used = set(), 0
         for path in sorted(held, key=heldout._rank):
             name, i, n = paths[path]
@@ -227,13 +232,14 @@ class Chunked:
         """What the plan depends on; prep's counts, not its release, so a rerun of prep that
         gives the same records does not throw the run's progress away."""
         manifests = {name: read_json(prep / "manifest.json", {}) for name, prep in self.preps.items()}
+        extract = self.extract_settings
         key = {
             "prep": {name: [m.get("kept"), (m.get("tokens") or {}).get("total")] for name, m in manifests.items()},
-            "budget": self.budget, "layers": self.extract.get("layers"), "captured": self.captured(),
-            "dtype": self.extract.get("dtype"),
+            "budget": self.budget, "layers": extract.layers, "captured": self.captured(),
+            "dtype": extract.dtype,
             "target": (self.ctx.shared_config.get("target") or {}).get("model"), "epochs": self.epochs,
-            "passes": self.passes, "heldout": [self.resident_train, self.train.get("eval_records"),
-                                               self.train.get("eval_fraction"), self.extract.get("shard_size")],
+            "passes": self.passes, "heldout": [self.resident_train, self.train_settings.eval_records,
+                                               self.train_settings.eval_fraction, extract.shard_size],
         }
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -242,7 +248,7 @@ class Chunked:
         kept under another meaning of the ids (aerie before SGLang's per-architecture rule) are not reused."""
         from remote.eagle3 import layer_ids
 
-        model, ids = (self.ctx.shared_config.get("target") or {}).get("model"), self.extract.get("layers")
+        model, ids = (self.ctx.shared_config.get("target") or {}).get("model"), self.extract_settings.layers
         try:
             return layer_ids.captured(ids, layer_ids.target_architecture(Path(model))) if model and ids else None
         except StageInputError:

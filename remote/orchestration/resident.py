@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
+from remote.eagle3.train_settings import TrainSettings
 from remote.stages import StageContext
 
 #: Where the held-out figures of the epochs measured so far are kept (in the chunked job's output).
@@ -111,6 +112,7 @@ class Trainer:
     def __init__(self, ctx: StageContext, settings: dict[str, Any], output: Path, heldout: list[Path],
                  schedule_steps: int, evaluations: Path, progress: Progress, trained: dict[str, Any]) -> None:
         self.ctx, self.settings, self.output, self.heldout = ctx, settings, output, heldout
+        self.typed = TrainSettings.from_config(settings)  # `settings` stays the sub-stages' JSON config
         self.trained = trained  # {"preps": {dataset: prep dir}, "heldout": {dataset: indices}}: what the vocabulary counts
         self.schedule_steps, self.evaluations, self.progress = schedule_steps, evaluations, progress
         self.relay = Relay(progress)
@@ -138,7 +140,7 @@ class Trainer:
         self.extracted = train.read_extract_manifests(inputs)
         shape = read_shape(target_settings(self.ctx.shared_config)[0])
         stage = sub_context(self.ctx, "train", self.settings, self.output, inputs)
-        config = train.draft_for(stage, self.extracted, shape.vocab_size, read_config(shape.path))
+        config = train.draft_for(stage, self.typed, self.extracted, shape.vocab_size, read_config(shape.path))
         counts = trained_token_counts(self.trained["preps"], self.trained["heldout"], shape.vocab_size, self.progress.beat)
         d2t, t2d = build_mapping(counts, config["draft_vocab_size"])
         self.device = torch.device(best_device())
@@ -146,7 +148,7 @@ class Trainer:
         self.draft, self.head = Eagle3Draft.warm(config, d2t, t2d, embed, head), head.to(self.device)
         self.output.mkdir(parents=True, exist_ok=True)
         self.evaluation = heldout.EpochEvaluation(
-            self.heldout, load_sample, int(self.settings["eval_steps"]), int(self.settings["max_length"]),
+            self.heldout, load_sample, self.typed.eval_steps, self.typed.max_length,
             self.output / plot.PLOT_NAME, self.progress)
         self.evaluation.epochs = [EpochRecord(**e) for e in read_json(self.evaluations, [])]
 
@@ -161,8 +163,8 @@ class Trainer:
             return  # every record of the chunk was skipped by extract (its reasons are counted)
         if self.draft is None:
             self.build(inputs)
-        settings = {**self.settings, "epochs": epochs, "schedule_steps": self.schedule_steps, "chunk_pass": name}
-        state = self.resume_state(inputs, files, settings)
+        settings = dataclasses.replace(self.typed, epochs=epochs)
+        state = self.resume_state(inputs, files, settings, name)
         self.draft.to(self.device)
         history = [h for h in self.history if h["step"] <= state.step]
         self.history = history
@@ -180,22 +182,25 @@ class Trainer:
             resume.save(self.output / "resume", self.draft, reached)
 
         self.state = train(
-            self.draft, self.head, files, load_sample, epochs=epochs, batch_size=int(settings["batch_size"]),
-            learning_rate=float(settings["learning_rate"]), steps=int(settings["ttt_steps"]),
-            max_length=int(settings["max_length"]), on_step=on_step, on_epoch=lambda epoch: None, seed=seed,
-            state=state, on_checkpoint=on_checkpoint, checkpoint_every=int(settings["checkpoint_every"]),
+            self.draft, self.head, files, load_sample, epochs=epochs, batch_size=settings.batch_size,
+            learning_rate=settings.learning_rate, steps=settings.ttt_steps,
+            max_length=settings.max_length, on_step=on_step, on_epoch=lambda epoch: None, seed=seed,
+            state=state, on_checkpoint=on_checkpoint, checkpoint_every=settings.checkpoint_every,
             schedule_steps=self.schedule_steps)
         checkpoint.save(self.draft, self.output / "draft", {"pass": name, "release": self.ctx.release})
 
-    def resume_state(self, inputs: list[Path], files: list[Path], settings: dict[str, Any]) -> Any:
-        """The checkpoint on disk for the first pass of this process; after that, the optimizer as the last pass left it."""
+    def resume_state(self, inputs: list[Path], files: list[Path], settings: TrainSettings, name: str) -> Any:
+        """The checkpoint on disk for the first pass of this process; after that, the optimizer as the last pass left it.
+        `name` is the pass (``chunk_pass``, part of the checkpoint's fingerprint)."""
         from remote.eagle3 import resume
         from remote.stages import train
 
         if self.state is None:
-            stage = sub_context(self.ctx, "train", settings, self.output, inputs)
+            driver = {**self.settings, "epochs": settings.epochs, "schedule_steps": self.schedule_steps, "chunk_pass": name}
+            stage = sub_context(self.ctx, "train", driver, self.output, inputs)
             return train._resume_state(stage, self.draft, files, settings, self.relay)
-        fields = {k: settings.get(k) for k in ("batch_size", "epochs", "max_length", "ttt_steps", "chunk_pass")}
+        fields: dict[str, Any] = {k: getattr(settings, k) for k in ("batch_size", "epochs", "max_length", "ttt_steps")}
+        fields["chunk_pass"] = name
         return resume.TrainState(step=self.state.step, optimizer=self.state.optimizer, schedule=self.state.schedule,
                                  data=resume.fingerprint(files, fields))
 

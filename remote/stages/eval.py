@@ -7,10 +7,8 @@ fixed ``max_new_tokens``), and reports per setting the acceptance length
 (Σ completion_tokens / Σ spec_verify_ct), the output tokens per second and
 the speed-up against the run without speculation (`remote.eval.reports`).
 
-Settings (``stages.eval``, complete from the workstation): ``launcher``,
-``model``, ``port``, ``server_args``, ``server_env``, ``server_start_timeout``,
-``draft``, ``grid``, ``prompts``, ``num_prompts``, ``max_new_tokens``,
-``concurrency``, ``request_timeout``.
+Settings (``stages.eval``, complete from the workstation): those of
+`remote.eval.eval_settings.EvalSettings`.
 
 Only one server runs at a time, and it is always stopped: after each setting,
 on failure, and on ``inv stop`` (SIGTERM). One left by a stage that was killed
@@ -33,16 +31,14 @@ from remote import server, stages
 from remote.eagle3 import StageInputError
 from remote.eval import prompt_source
 from remote.eval import reports
+from remote.eval.eval_settings import EvalSettings
 from remote.eval.sglang import (GenerateError, Measurement, Setting, batching_warnings, launch_command, measure,
                                 server_args)
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
-from remote.settings import missing
 from remote.stages import StageContext
 
 STOP_GRACE = 4.0  # seconds; `inv stop` kills the job's group 10 s after its SIGTERM
 REPORT_BESIDE_DRAFT = "eval.json"
-SETTINGS = ("launcher", "model", "port", "server_args", "server_env", "server_start_timeout", "draft", "grid", "prompts",
-            "num_prompts", "max_new_tokens", "concurrency", "request_timeout")
 
 
 class EvalError(Exception):
@@ -55,31 +51,27 @@ class Stopped(Exception):
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    settings = ctx.stage_config
-    complaint = missing(settings, "eval", list(SETTINGS))
-    if complaint or not settings["draft"]:
-        raise StageInputError(complaint or "stages.eval.draft is unset: run the evaluation with `inv eval`, "
-                              "which resolves it to train's output")
-    draft = Path(settings["draft"])
+    settings = EvalSettings.from_config(ctx.stage_config)
+    draft = Path(settings.draft)
     if not (draft / "config.json").is_file():
         raise StageInputError(f"no draft at {draft} (no config.json): train first, or set stages.eval.draft")
-    grid = [Setting.of(entry) for entry in settings["grid"]]
-    if settings["prompts"]:
-        prompts = prompt_source.from_file(Path(settings["prompts"]), int(settings["num_prompts"]))
+    grid = settings.grid
+    if settings.prompts:
+        prompts = prompt_source.from_file(Path(settings.prompts), settings.num_prompts)
     else:
-        prompts = prompt_source.from_training(draft.parent, int(settings["num_prompts"]))
+        prompts = prompt_source.from_training(draft.parent, settings.num_prompts)
     stop_leftover_server(ctx.output / "server.json")
     signal.signal(signal.SIGTERM, _on_term)
-    print(f"eval: {len(prompts)} prompts, {settings['max_new_tokens']} new tokens each, "
-          f"{settings['concurrency']} at a time; {len(grid)} settings and a baseline", flush=True)
+    print(f"eval: {len(prompts)} prompts, {settings.max_new_tokens} new tokens each, "
+          f"{settings.concurrency} at a time; {len(grid)} settings and a baseline", flush=True)
 
     baseline = measure_on_server(ctx, settings, None, prompts, progress)
     results = []
     for setting in grid:
         results.append((setting, measure_on_server(ctx, settings, setting, prompts, progress)))
     report = reports.build(baseline, results, str(draft), server_args(settings), {
-        "prompts": len(prompts), "max_new_tokens": int(settings["max_new_tokens"]),
-        "concurrency": int(settings["concurrency"]), "release": ctx.release,
+        "prompts": len(prompts), "max_new_tokens": settings.max_new_tokens,
+        "concurrency": settings.concurrency, "release": ctx.release,
     })
     report["warnings"] += batching_warnings(settings)
     write_json_atomic(ctx.output / "report.json", report)
@@ -97,18 +89,17 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     return report
 
 
-def measure_on_server(ctx: StageContext, settings: dict[str, Any], setting: Setting | None,
+def measure_on_server(ctx: StageContext, settings: EvalSettings, setting: Setting | None,
                       prompts: list[dict[str, Any]], progress: Progress) -> Measurement:
     name = setting.label() if setting else "no speculation"
     slug = f"s{setting.num_steps}-k{setting.topk}-d{setting.num_draft_tokens}" if setting else "baseline"
     command = launch_command(settings, setting)
-    url = f"http://127.0.0.1:{settings['port']}"
+    url = f"http://127.0.0.1:{settings.port}"
     with running(command, ctx.output / f"server-{slug}.log", ctx.output / "server.json", url, settings, progress, name):
         progress.note(f"{name}: sending {len(prompts)} prompts")
         # NOTE: one short request first, untimed: the first pass through a fresh server pays for warm-up.
-        measure(url, prompts[:1], 8, 1, float(settings["request_timeout"]))
-        measured = measure(url, prompts, int(settings["max_new_tokens"]), int(settings["concurrency"]),
-                           float(settings["request_timeout"]))
+        measure(url, prompts[:1], 8, 1, settings.request_timeout)
+        measured = measure(url, prompts, settings.max_new_tokens, settings.concurrency, settings.request_timeout)
     accept = f", accept length {measured.accept_length:.3f}" if measured.accept_length else ""
     print(f"{name}: {measured.completion_tokens} tokens in {measured.seconds:.2f}s, "
           f"{measured.tokens_per_s:.1f} tok/s{accept}", flush=True)
@@ -117,20 +108,20 @@ def measure_on_server(ctx: StageContext, settings: dict[str, Any], setting: Sett
 
 
 @contextmanager
-def running(command: str, log: Path, record: Path, url: str, settings: dict[str, Any], progress: Progress,
+def running(command: str, log: Path, record: Path, url: str, settings: EvalSettings, progress: Progress,
             name: str) -> Iterator[int]:
     """The server of one setting, healthy, for the length of the block; always stopped after."""
-    port = int(settings["port"])
+    port = settings.port
     if is_listening(port):
         raise EvalError(f"port {port} on the host is already in use (another server?): "
                         "stop it or set stages.eval.port")
     progress.note(f"{name}: starting the server")
     print(f"server: {command}", flush=True)
-    pid = server.start(command, log, env=settings["server_env"])
+    pid = server.start(command, log, env=settings.server_env)
     started = processes.identity(pid)
     write_json_atomic(record, started)
     try:
-        server.wait_healthy(url, float(settings["server_start_timeout"]), pid, log, beat=progress.beat)
+        server.wait_healthy(url, settings.server_start_timeout, pid, log, beat=progress.beat)
         yield pid
     finally:
         server.stop(started, grace=STOP_GRACE)

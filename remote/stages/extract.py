@@ -1,6 +1,7 @@
 """The extract stage: the target's hidden states for every tokenised record.
 
-Settings (``stages.extract`` in the inventory, passed in ``AERIE_CONFIG``):
+Settings (``stages.extract`` in the inventory, passed in ``AERIE_CONFIG``; typed once by
+`remote.eagle3.extract_settings`):
 
 - ``layers``: auxiliary layer ids as the draft's config gives them to SGLang
   (``eagle_aux_hidden_state_layer_ids``); what each captures is what SGLang's
@@ -31,13 +32,13 @@ from typing import Any
 
 from remote.eagle3 import StageInputError
 from remote.eagle3 import draft_config
-from remote.eagle3.extractor import DTYPES, decoder_of, extract, load_target
+from remote.eagle3.extract_settings import ExtractSettings
+from remote.eagle3.extractor import decoder_of, extract, load_target
 from remote.eagle3 import layer_ids
 from remote.eagle3.prep_input import read_manifest, read_records
 from remote.eagle3.shards import ShardStore
 from remote.eagle3.target import TargetShape, best_device, read_shape, target_settings
 from remote.control_plane.progress import Progress, write_json_atomic
-from remote.settings import need
 from remote import stages
 from remote.stages import StageContext
 
@@ -60,17 +61,14 @@ class ExtractPlan:
 
 def plan(ctx: StageContext) -> ExtractPlan:
     """Check the settings, the upstream prep output and the widths; no weights are read."""
-    settings = ctx.stage_config
-    layers = _layers(need(settings, "extract", "layers", StageInputError))
-    dtype = need(settings, "extract", "dtype", StageInputError)
-    if dtype not in DTYPES:
-        raise StageInputError(f"stages.extract.dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    settings = ExtractSettings.from_config(ctx.stage_config)
+    layers = settings.layers
     prep = read_manifest(ctx.inputs("prep")[0])
     path, trust = target_settings(ctx.shared_config)
     shape = read_shape(path)
     arch = layer_ids.target_architecture(path)
     layer_ids.validate_layers(layers, shape.num_layers, arch)
-    draft_path = draft_config.draft_config_path(settings, ctx.shared_config)
+    draft_path = draft_config.draft_config_path(ctx.stage_config, ctx.shared_config)
     draft = draft_config.load(draft_path) if draft_path else None
     source = f"draft config {draft_path}" if draft_path else "an EAGLE-3 draft (3 x hidden)"
     width = draft_config.check_width(layers, shape.hidden_size, draft, source)
@@ -78,9 +76,9 @@ def plan(ctx: StageContext) -> ExtractPlan:
         layers=layers,
         architecture=arch,
         inputs=layer_ids.captured(layers, arch),
-        dtype=dtype,
-        batch_size=int(need(settings, "extract", "batch_size", StageInputError)),
-        shard_size=int(need(settings, "extract", "shard_size", StageInputError)),
+        dtype=settings.dtype,
+        batch_size=settings.batch_size,
+        shard_size=settings.shard_size,
         shape=shape,
         trust_remote_code=trust,
         width=width,
@@ -141,12 +139,6 @@ def load(checked: ExtractPlan, device: str, progress: Progress) -> Any:
     """The target `checked` names, loaded on `device` (for Kimi-K2.5, ~600 GB of weights read)."""
     progress.note(f"loading {checked.shape.path.name} on {device}")
     return load_target(checked.shape.path, checked.dtype, checked.trust_remote_code, device)
-
-
-def _layers(value: Any) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        raise StageInputError(f"stages.extract.layers {value!r}: expected a list of layer ids, e.g. [2, 30, 58]")
-    return value
 
 
 def _fingerprint(checked: ExtractPlan) -> dict[str, Any]:

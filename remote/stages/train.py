@@ -1,6 +1,6 @@
 """The train stage: an EAGLE-3 draft from the extract stage's hidden states.
 
-Settings (``stages.train``):
+Settings (``stages.train``, typed once by `remote.eagle3.train_settings`):
 
 - ``engine``: ``aerie`` (this module, plain torch) or ``specforge``
   (`remote.eagle3.specforge` builds SpecForge's command instead).
@@ -53,12 +53,10 @@ from remote.eagle3 import draft_config
 from remote.eagle3 import heldout, plot, specforge
 from remote.eagle3.shards import ShardStore, load_sample
 from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
+from remote.eagle3.train_settings import TrainSettings
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
-from remote.settings import need
 from remote import stages
 from remote.stages import StageContext
-
-ENGINES = ("aerie", "specforge")
 
 
 def read_extract_manifest(extract_dir: Path) -> dict[str, Any]:
@@ -81,12 +79,12 @@ def read_extract_manifests(directories: list[Path]) -> dict[str, Any]:
     return {**first, "records": sum(int(m.get("records", 0)) for m in manifests)}
 
 
-def draft_for(ctx: StageContext, extracted: dict[str, Any], vocab_size: int, target_config: dict[str, Any]) -> dict[str, Any]:
+def draft_for(ctx: StageContext, settings: TrainSettings, extracted: dict[str, Any], vocab_size: int,
+              target_config: dict[str, Any]) -> dict[str, Any]:
     """The draft's config, checked against the width the extraction wrote."""
-    settings = ctx.stage_config
     layers = list(extracted["layers"])
-    draft_vocab = min(int(need(settings, "train", "draft_vocab_size", StageInputError)), vocab_size)
-    path = draft_config.draft_config_path(settings, ctx.shared_config)
+    draft_vocab = min(settings.draft_vocab_size, vocab_size)
+    path = draft_config.draft_config_path(ctx.stage_config, ctx.shared_config)
     if path is None:
         config = draft_config.build(target_config, layers, draft_vocab)
         source = "the draft config built from the target"
@@ -106,40 +104,34 @@ def draft_for(ctx: StageContext, extracted: dict[str, Any], vocab_size: int, tar
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """Train the draft with the engine ``stages.train.engine`` names, on extract's states
     (or, SpecForge's online route, on prep's prompts with no states on disk)."""
-    engine = need(ctx.stage_config, "train", "engine", StageInputError)
-    if engine not in ENGINES:
-        raise StageInputError(f"stages.train.engine {engine!r}: expected one of {', '.join(ENGINES)}")
-    if engine == "specforge" and ctx.config.get("prep_inputs") and not ctx.config.get("inputs"):
-        return run_specforge(ctx, None, progress)  # the online route: no states on disk
+    settings = TrainSettings.from_config(ctx.stage_config)
+    if settings.engine == "specforge" and ctx.config.get("prep_inputs") and not ctx.config.get("inputs"):
+        return run_specforge(ctx, settings, None, progress)  # the online route: no states on disk
     extracted = read_extract_manifests(ctx.inputs("extract"))
-    if engine == "specforge":
-        return run_specforge(ctx, extracted, progress)
-    return run_aerie(ctx, extracted, progress)
+    if settings.engine == "specforge":
+        return run_specforge(ctx, settings, extracted, progress)
+    return run_aerie(ctx, settings, extracted, progress)
 
 
-def run_aerie(ctx: StageContext, extracted: dict[str, Any], progress: Progress) -> dict[str, Any]:
+def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """Train with this project's plain-torch trainer (`remote.eagle3.trainer`): the draft saved after every
     epoch, measured on the held-out records, and resumable from ``$AERIE_OUTPUT/resume``."""
-    settings = ctx.stage_config
-    shape, config, files = _aerie_inputs(ctx, extracted)
+    shape, config, files = _aerie_inputs(ctx, settings, extracted)
 
     # NOTE: torch is imported only once the inputs are known good, so a refusal is instant.
     import torch
 
     from remote.eagle3.trainer import train
 
-    files, heldout_files = heldout.split(files, need(settings, "train", "eval_records", StageInputError),
-                                        float(need(settings, "train", "eval_fraction", StageInputError)))
+    files, heldout_files = heldout.split(files, settings.eval_records, settings.eval_fraction)
     draft, head = _warm_draft(config, shape, files, len(heldout_files), progress)
     device = torch.device(best_device())
     head = head.to(device)
 
     history: list[dict[str, Any]] = []
-    epochs = int(need(settings, "train", "epochs", StageInputError))
-    evaluation = heldout.EpochEvaluation(heldout_files, load_sample, int(need(settings, "train", "eval_steps", StageInputError)),
-                                         int(need(settings, "train", "max_length", StageInputError)),
+    epochs, batch_size = settings.epochs, settings.batch_size
+    evaluation = heldout.EpochEvaluation(heldout_files, load_sample, settings.eval_steps, settings.max_length,
                                          ctx.output / plot.PLOT_NAME, progress)
-    batch_size = int(need(settings, "train", "batch_size", StageInputError))
     state = _resume_state(ctx, draft, files, settings, progress)
     draft.to(device)
     progress.expect(epochs * -(-len(files) // batch_size), by="step")
@@ -153,13 +145,13 @@ def run_aerie(ctx: StageContext, extracted: dict[str, Any], progress: Progress) 
         load_sample,
         epochs=epochs,
         batch_size=batch_size,
-        learning_rate=float(need(settings, "train", "learning_rate", StageInputError)),
-        steps=int(need(settings, "train", "ttt_steps", StageInputError)),
-        max_length=int(need(settings, "train", "max_length", StageInputError)),
+        learning_rate=settings.learning_rate,
+        steps=settings.ttt_steps,
+        max_length=settings.max_length,
         state=state,
-        checkpoint_every=int(need(settings, "train", "checkpoint_every", StageInputError)),
+        checkpoint_every=settings.checkpoint_every,
         # NOTE: read with .get: only the chunked route's driver sends it, never the inventory.
-        schedule_steps=int(settings.get("schedule_steps") or 0),
+        schedule_steps=int(ctx.stage_config.get("schedule_steps") or 0),
         **_aerie_callbacks(ctx, draft, head, extracted, evaluation, epochs, earlier, history, progress),
     )
     evaluation.draw()
@@ -192,7 +184,7 @@ def _aerie_manifest(ctx: StageContext, extracted: dict[str, Any], config: dict[s
     }
 
 
-def _aerie_inputs(ctx: StageContext, extracted: dict[str, Any]):
+def _aerie_inputs(ctx: StageContext, settings: TrainSettings, extracted: dict[str, Any]):
     """The target's shape, the draft's config and every extracted sample file, refused (one line each)
     when the target changed since extract ran or extract wrote no records."""
     extract_dirs = ctx.inputs("extract")
@@ -203,7 +195,7 @@ def _aerie_inputs(ctx: StageContext, extracted: dict[str, Any]):
             f"target.model {path} has hidden size {shape.hidden_size} but the extracted states have {extracted['hidden_size']}: "
             "the target changed since extract ran; rerun extract"
         )
-    config = draft_for(ctx, extracted, shape.vocab_size, read_config(path))
+    config = draft_for(ctx, settings, extracted, shape.vocab_size, read_config(path))
     files = [f for directory in extract_dirs for f in ShardStore(directory).sample_files()]
     if not files:
         raise StageInputError(f"no extracted samples in {', '.join(map(str, extract_dirs))}: extract wrote no records; check its skip reasons")
@@ -258,13 +250,14 @@ def _save_draft(ctx: StageContext, draft, extracted: dict[str, Any], epoch: int)
     checkpoint.save(draft, ctx.output / "draft", {"epoch": epoch, "extract_release": extracted["release"], "release": ctx.release})
 
 
-def _resume_state(ctx: StageContext, draft, files: list[Path], settings: dict[str, Any], progress: Progress):
+def _resume_state(ctx: StageContext, draft, files: list[Path], settings: TrainSettings, progress: Progress):
     """The saved training state to go on from (its weights loaded into `draft`), or None."""
     from remote.eagle3 import resume
 
-    fields = {k: settings.get(k) for k in ("batch_size", "epochs", "max_length", "ttt_steps")}
-    if settings.get("chunk_pass"):  # only where the chunked route sends it: other checkpoints keep their fingerprint
-        fields["chunk_pass"] = settings["chunk_pass"]
+    fields: dict[str, Any] = {k: getattr(settings, k) for k in ("batch_size", "epochs", "max_length", "ttt_steps")}
+    driver = ctx.stage_config  # the chunked driver's own keys, never the inventory's
+    if driver.get("chunk_pass"):  # only where the chunked route sends it: other checkpoints keep their fingerprint
+        fields["chunk_pass"] = driver["chunk_pass"]
     data = resume.fingerprint(files, fields)
     saved = resume.load(ctx.output / "resume", draft)
     if saved is None:
@@ -272,10 +265,10 @@ def _resume_state(ctx: StageContext, draft, files: list[Path], settings: dict[st
     if saved.data != data:
         progress.note(f"continuing the draft from step {saved.step} on new data")
         # NOTE: one schedule over all chunks when the chunked route sized it (schedule_steps).
-        schedule = saved.schedule if settings.get("schedule_steps") else {}
+        schedule = saved.schedule if driver.get("schedule_steps") else {}
         return resume.TrainState(step=saved.step, optimizer=saved.optimizer, schedule=schedule, data=data)
     progress.note(f"resuming at epoch {saved.epoch + 1}, batch {saved.position}, step {saved.step}")
-    done = len(files) if saved.epoch > 0 else min(len(files), saved.position * int(need(settings, "train", "batch_size")))
+    done = len(files) if saved.epoch > 0 else min(len(files), saved.position * settings.batch_size)
     if done:
         progress.written(done)
     return saved
@@ -287,13 +280,14 @@ def _previous_history(ctx: StageContext, step: int) -> list[dict[str, Any]]:
     return [h for h in steps if h["step"] <= step]
 
 
-def run_specforge(ctx: StageContext, extracted: dict[str, Any] | None, progress: Progress) -> dict[str, Any]:
+def run_specforge(ctx: StageContext, settings: TrainSettings, extracted: dict[str, Any] | None,
+                  progress: Progress) -> dict[str, Any]:
     """Train with the host's SpecForge (offline from extract's states, or online when `extracted` is
     None), then export a draft SGLang loads to ``$AERIE_OUTPUT/draft``."""
-    extra = specforge.settings(ctx.stage_config)
-    generation, prefix = specforge.detect(extra["specforge_dir"])
-    job = _specforge_job(ctx, extracted, generation, extra)
-    env = specforge.environment(extra["specforge_dir"])
+    where = specforge.specforge_dir(ctx.stage_config)
+    generation, prefix = specforge.detect(where)
+    job = _specforge_job(ctx, settings, extracted, generation, where)
+    env = specforge.environment(where)
     if generation == "current":
         changed = specforge.begin(job)
         if changed:
@@ -325,22 +319,22 @@ def run_specforge(ctx: StageContext, extracted: dict[str, Any] | None, progress:
     return manifest
 
 
-def _specforge_job(ctx: StageContext, extracted: dict[str, Any] | None, generation: str, extra: dict[str, Any]) -> specforge.SpecForgeRun:
+def _specforge_job(ctx: StageContext, settings: TrainSettings, extracted: dict[str, Any] | None, generation: str,
+                   where: Path | None) -> specforge.SpecForgeRun:
     """What SpecForge is run with, its inputs written and checked first (one line for each refusal)."""
-    settings = ctx.stage_config
     path, trust = target_settings(ctx.shared_config)
     shape = read_shape(path)
-    layers = list(extracted["layers"]) if extracted else list(settings.get("layers") or [])
+    layers = list(extracted["layers"]) if extracted else list(ctx.stage_config.get("layers") or [])
     if not layers:
         raise StageInputError("engine specforge online: no layers to capture (stages.extract.layers)")
     if extracted and generation == "current" and extracted.get("dtype") not in (None, "bfloat16"):
         raise StageInputError(f"engine specforge trains on bfloat16 states (its target head is bfloat16) but extract stored "
                               f"{extracted['dtype']}: set stages.extract.dtype: bfloat16 and rerun extract")
-    draft_path = draft_config.draft_config_path(settings, ctx.shared_config)
+    draft_path = draft_config.draft_config_path(ctx.stage_config, ctx.shared_config)
     draft = draft_config.load(draft_path)
     draft_config.check_width(layers, shape.hidden_size, draft, f"draft config {draft_path}")
     ctx.output.mkdir(parents=True, exist_ok=True)
-    draft_vocab = min(int(need(settings, "train", "draft_vocab_size", StageInputError)), shape.vocab_size)
+    draft_vocab = min(settings.draft_vocab_size, shape.vocab_size)
     # NOTE: the draft SpecForge trains names the captured layers, so its export does too.
     finalized = ctx.output / "draft-config.json"
     write_json_atomic(finalized, draft_config.finalize(draft, layers, shape.vocab_size, draft_vocab))
@@ -348,31 +342,28 @@ def _specforge_job(ctx: StageContext, extracted: dict[str, Any] | None, generati
     prompts = mapping = None
     identity = f"{(extracted or {}).get('records')} records in {', '.join(map(str, ctx.inputs('extract')))}" if extracted else ""
     if online and generation == "current":
-        _require_online(settings)
+        _require_online(settings, ctx.stage_config)
         prep_dirs = [Path(p) for p in (ctx.config.get("prep_inputs") or {}).values()] or [ctx.upstream("prep")]
         prompts, mapping, identity = specforge.write_online_inputs(prep_dirs, ctx.output, shape.vocab_size, draft_vocab)
     return specforge.SpecForgeRun(
-        specforge_dir=extra["specforge_dir"], target_model=path, draft_config=finalized,
+        specforge_dir=where, target_model=path, draft_config=finalized,
         train_data=_conversations(ctx) if generation == "legacy" else None,
         hidden_states=None if online else _states_dir(ctx), output=ctx.output,
-        epochs=int(need(settings, "train", "epochs", StageInputError)),
-        batch_size=int(need(settings, "train", "batch_size", StageInputError)),
-        learning_rate=float(need(settings, "train", "learning_rate", StageInputError)),
-        max_length=extra["max_length"], chat_template=extra["chat_template"],
-        ttt_steps=int(need(settings, "train", "ttt_steps", StageInputError)), nproc=extra["nproc"], layers=layers,
+        epochs=settings.epochs, batch_size=settings.batch_size, learning_rate=settings.learning_rate,
+        max_length=settings.max_length, chat_template=settings.chat_template,
+        ttt_steps=settings.ttt_steps, nproc=settings.nproc, layers=layers,
         embedding_key=weight_name(path, "embed_tokens.weight") or "model.embed_tokens.weight",
         lm_head_key=weight_name(path, "lm_head.weight") or "lm_head.weight", trust_remote_code=trust,
-        server_urls=list(need(settings, "train", "specforge_server_urls", StageInputError)),
-        deployment=dict(need(settings, "train", "specforge_deployment", StageInputError)),
-        save_interval=int(need(settings, "train", "checkpoint_every", StageInputError)),
-        prompts=prompts, vocab_mapping=mapping, mooncake=dict(settings.get("specforge_mooncake") or {}),
+        server_urls=settings.specforge_server_urls, deployment=settings.specforge_deployment,
+        save_interval=settings.checkpoint_every, prompts=prompts, vocab_mapping=mapping,
+        mooncake=dict(ctx.stage_config.get("specforge_mooncake") or {}),
         data_identity=identity,
     )
 
 
-def _require_online(settings: dict[str, Any]) -> None:
+def _require_online(settings: TrainSettings, stage: dict[str, Any]) -> None:
     """The online route's settings SpecForge cannot run without (the inventory checks them first)."""
-    missing = specforge.missing_online_settings(settings)
+    missing = specforge.missing_online_settings(settings, stage)
     if missing:
         raise StageInputError(f"engine specforge on the online route needs stages.train.{', stages.train.'.join(missing)}")
 

@@ -1,0 +1,40 @@
+"""The extract stage's settings (``stages.extract``), typed once from the stage's JSON config.
+
+Declared, with their defaults and docs, in `local.inventory.Extract` alone: the
+workstation sends every one (remote/settings.py). The chunked route reads the
+same class for the keys it shares with extract.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from remote.eagle3 import StageInputError
+from remote.eagle3.extractor import DTYPES
+from remote.settings import typed
+
+
+@dataclass(frozen=True)
+class ExtractSettings:
+    """What extract reads of ``stages.extract``; ``draft_config`` is read with train's (`remote.eagle3.draft_config`)."""
+
+    #: Auxiliary layer ids as the draft's config gives them to SGLang (`remote.eagle3.layer_ids`).
+    layers: list[int]
+    #: The dtype the target runs and the states are stored in.
+    dtype: str
+    #: Records per forward pass.
+    batch_size: int
+    #: Records per shard.
+    shard_size: int
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "ExtractSettings":
+        """The settings, each key checked once: one line naming a missing key, the layers or the dtype."""
+        raw = typed(cls, config, "extract", StageInputError)
+        layers = raw.layers
+        if not isinstance(layers, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+            raise StageInputError(f"stages.extract.layers {layers!r}: expected a list of layer ids, e.g. [2, 30, 58]")
+        if raw.dtype not in DTYPES:
+            raise StageInputError(f"stages.extract.dtype {raw.dtype!r}: expected one of {', '.join(DTYPES)}")
+        return cls(layers=list(layers), dtype=raw.dtype, batch_size=int(raw.batch_size), shard_size=int(raw.shard_size))

@@ -1,0 +1,68 @@
+"""The train stage's settings (``stages.train``), typed once from the stage's JSON config.
+
+Declared, with their defaults and docs, in `local.inventory.Train` alone: the
+workstation sends every one (remote/settings.py). Both engines and the chunked
+route (`remote.orchestration.chunked`, `remote.orchestration.resident`) read this one class.
+
+Not here: the optional settings that are unset unless given (``draft_config``,
+read with extract's by `remote.eagle3.draft_config`; ``specforge_dir``,
+``specforge_train_data``, ``specforge_mooncake``), and the chunked driver's own
+``schedule_steps`` and ``chunk_pass``, which no inventory has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from remote.eagle3 import StageInputError
+from remote.settings import typed
+
+ENGINES = ("aerie", "specforge")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What the train stage reads of ``stages.train`` (the docs are `local.inventory.Train`'s)."""
+
+    #: ``aerie`` (`remote.stages.train`, plain torch) or ``specforge`` (`remote.eagle3.specforge`).
+    engine: str
+    #: The reduced vocabulary, capped at the target's.
+    draft_vocab_size: int
+    epochs: int
+    learning_rate: float
+    batch_size: int
+    ttt_steps: int
+    #: Tokens per record used in training.
+    max_length: int
+    #: Optimizer steps between resume checkpoints (SpecForge's ``training.save_interval``).
+    checkpoint_every: int
+    #: Records held out of training (0: none; None: `eval_fraction` of them).
+    eval_records: int | None
+    eval_fraction: float
+    #: Draft steps of the held-out acceptance length.
+    eval_steps: int
+    #: Legacy SpecForge's chat template.
+    chat_template: str
+    #: SpecForge's processes (its world size).
+    nproc: int
+    #: Online SpecForge: the SGLang capture servers' URLs.
+    specforge_server_urls: list[str]
+    #: Merged into SpecForge's ``deployment:``.
+    specforge_deployment: dict[str, Any]
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "TrainSettings":
+        """The settings with their types; one line naming a missing key or an unknown engine."""
+        raw = typed(cls, config, "train", StageInputError)
+        if raw.engine not in ENGINES:
+            raise StageInputError(f"stages.train.engine {raw.engine!r}: expected one of {', '.join(ENGINES)}")
+        return cls(
+            engine=raw.engine, draft_vocab_size=int(raw.draft_vocab_size), epochs=int(raw.epochs),
+            learning_rate=float(raw.learning_rate), batch_size=int(raw.batch_size), ttt_steps=int(raw.ttt_steps),
+            max_length=int(raw.max_length), checkpoint_every=int(raw.checkpoint_every),
+            eval_records=None if raw.eval_records is None else int(raw.eval_records),
+            eval_fraction=float(raw.eval_fraction), eval_steps=int(raw.eval_steps), chat_template=raw.chat_template,
+            nproc=int(raw.nproc), specforge_server_urls=list(raw.specforge_server_urls),
+            specforge_deployment=dict(raw.specforge_deployment),
+        )

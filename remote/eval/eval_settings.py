@@ -1,0 +1,57 @@
+"""The eval stage's settings (``stages.eval``), typed once from the stage's JSON config.
+
+Declared, with their defaults and docs, in `local.inventory.Eval` alone: the
+workstation sends every one, ``draft`` and ``model`` resolved (remote/settings.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from remote.eagle3 import StageInputError
+from remote.eval.sglang import Setting
+from remote.settings import typed
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What `inv eval` reads of ``stages.eval``."""
+
+    #: The command that starts SGLang; aerie appends --model-path, --host, --port, ...
+    launcher: str
+    #: --model-path (the workstation resolves an unset one to target.model).
+    model: str
+    port: int
+    #: More launch flags, the same for every server of the comparison.
+    server_args: list[str]
+    server_env: dict[str, str]
+    #: Seconds a server may take to answer /health.
+    server_start_timeout: float
+    #: --speculative-draft-model-path (the workstation resolves an unset one to train's output).
+    draft: str
+    #: The speculative settings tried, each against the same baseline.
+    grid: list[Setting]
+    #: JSONL of prompts on the host; unset: train's held-out records.
+    prompts: str | None
+    num_prompts: int
+    max_new_tokens: int
+    #: Requests in flight at once.
+    concurrency: int
+    #: Seconds one /generate request may take.
+    request_timeout: float
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "EvalSettings":
+        """The settings with their types; one line naming a missing key, or the draft when it is unset."""
+        raw = typed(cls, config, "eval", StageInputError)
+        if not raw.draft:
+            raise StageInputError("stages.eval.draft is unset: run the evaluation with `inv eval`, "
+                                  "which resolves it to train's output")
+        return cls(
+            launcher=raw.launcher, model=raw.model, port=int(raw.port), server_args=list(raw.server_args),
+            server_env=dict(raw.server_env), server_start_timeout=float(raw.server_start_timeout), draft=raw.draft,
+            grid=[Setting.of(entry) for entry in raw.grid], prompts=raw.prompts, num_prompts=int(raw.num_prompts),
+            max_new_tokens=int(raw.max_new_tokens), concurrency=int(raw.concurrency),
+            request_timeout=float(raw.request_timeout),
+        )
