@@ -20,8 +20,8 @@ import pytest
 
 from remote.eval import reports
 from benchmarks.harness.stage_settings import complete
-from remote.eval.eval_settings import EvalSettings
-from remote.eval.sglang import Measurement, Setting, launch_command
+from remote.eval.eval_settings import EvalSettings, Setting
+from remote.eval.sglang import Measurement, launch_command
 from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
 from tests.stages import sglang_standin
 

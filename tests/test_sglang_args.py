@@ -22,8 +22,8 @@ from remote import server
 from remote.eagle3 import checkpoint, draft_config
 from remote.eagle3.model import Eagle3Draft
 from remote.eagle3.target import read_config
-from remote.eval.eval_settings import EvalSettings
-from remote.eval.sglang import SPECULATIVE_MAX_RUNNING, Setting, batching_warnings, launch_argv, launch_command
+from remote.eval.eval_settings import EvalSettings, Setting
+from remote.eval.sglang import SPECULATIVE_MAX_RUNNING, batching_warnings, launch_argv, launch_command
 from tests.pipeline_fixtures import kimi_target, tiny_target
 from tests.sglang_real import sglang
 from tests.stages import sglang_standin

@@ -10,8 +10,32 @@ from dataclasses import dataclass
 from typing import Any
 
 from remote.eagle3 import StageInputError
-from remote.eval.sglang import Setting
 from remote.settings import typed
+
+ALGORITHM = "EAGLE3"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One speculative configuration of the grid."""
+
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+
+    @classmethod
+    def of(cls, entry: dict[str, Any]) -> "Setting":
+        return cls(int(entry["num_steps"]), int(entry["topk"]), int(entry["num_draft_tokens"]))
+
+    def flags(self, draft: str) -> list[str]:
+        """The server flags that serve `draft` with this setting."""
+        return ["--speculative-algorithm", ALGORITHM, "--speculative-draft-model-path", draft,
+                "--speculative-num-steps", str(self.num_steps), "--speculative-eagle-topk", str(self.topk),
+                "--speculative-num-draft-tokens", str(self.num_draft_tokens)]
+
+    def label(self) -> str:
+        return f"steps {self.num_steps}, topk {self.topk}, draft tokens {self.num_draft_tokens}"
+
 
 
 @dataclass(frozen=True)

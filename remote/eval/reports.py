@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from remote.eval.sglang import Measurement, Setting
+from remote.eval.eval_settings import Setting
+from remote.eval.sglang import Measurement
 
 #: An acceptance length this close to 1.0 means the draft's tokens are (almost) never kept.
 UNUSED_BELOW = 1.1

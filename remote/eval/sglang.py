@@ -42,37 +42,13 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from remote.eval.eval_settings import EvalSettings
+from remote.eval.eval_settings import EvalSettings, Setting
 
-ALGORITHM = "EAGLE3"
 #: SGLang's --max-running-requests for a speculative server that does not set it.
 SPECULATIVE_MAX_RUNNING = 48
 MAX_RUNNING_FLAG = "--max-running-requests"
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One speculative configuration of the grid."""
-
-    num_steps: int
-    topk: int
-    num_draft_tokens: int
-
-    @classmethod
-    def of(cls, entry: dict[str, Any]) -> "Setting":
-        return cls(int(entry["num_steps"]), int(entry["topk"]), int(entry["num_draft_tokens"]))
-
-    def flags(self, draft: str) -> list[str]:
-        """The server flags that serve `draft` with this setting."""
-        return ["--speculative-algorithm", ALGORITHM, "--speculative-draft-model-path", draft,
-                "--speculative-num-steps", str(self.num_steps), "--speculative-eagle-topk", str(self.topk),
-                "--speculative-num-draft-tokens", str(self.num_draft_tokens)]
-
-    def label(self) -> str:
-        return f"steps {self.num_steps}, topk {self.topk}, draft tokens {self.num_draft_tokens}"
 
 
 def server_args(settings: EvalSettings) -> list[str]:

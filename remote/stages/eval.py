@@ -31,8 +31,8 @@ from remote import server, stages
 from remote.eagle3 import StageInputError
 from remote.eval import prompt_source
 from remote.eval import reports
-from remote.eval.eval_settings import EvalSettings
-from remote.eval.sglang import (GenerateError, Measurement, Setting, batching_warnings, launch_command, measure,
+from remote.eval.eval_settings import EvalSettings, Setting
+from remote.eval.sglang import (GenerateError, Measurement, batching_warnings, launch_command, measure,
                                 server_args)
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.stages import StageContext
