@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from remote import server, sizing
+from remote import sizing
+from remote.control_plane import inference_server
+from remote.eagle3 import server_check
 from remote.control_plane import layout
 
 # NOTE: tiktoken is what Kimi-K2.5's own tokenizer (trust_remote_code) is built on.
@@ -66,12 +68,12 @@ def disk(root: Path, datasets: list[str], layers: list[int], model: str | None, 
     return check("disk", free > need, detail + ("" if free > need else "; `inv plan` shows the route that fits"), True)
 
 
-def inference_server(url: str, layers: list[int]) -> dict[str, Any]:
+def served_draft(url: str, layers: list[int]) -> dict[str, Any]:
     try:
-        info = server.server_info(url)
-    except server.ServerError as exc:
+        info = server_check.server_info(url)
+    except inference_server.ServerError as exc:
         return check("inference server", False, f"not checked: {exc}", True)
-    problems = server.check_server_config(info, layers)
+    problems = server_check.check_server_config(info, layers)
     algorithm = info.get("speculative_algorithm") or "no speculative decoding"
     return check("inference server", not problems, "; ".join(problems) or f"{url}: {algorithm}, layers agree")
 
@@ -83,5 +85,5 @@ def run(args: dict[str, Any]) -> list[dict[str, Any]]:
         *packages(),
         gpus(),
         disk(Path(args["root"]), args["datasets"], layers, args.get("model"), args["dtype"]),
-        inference_server(args["server_url"], layers),
+        served_draft(args["server_url"], layers),
     ]

@@ -435,11 +435,11 @@ def _records_of(process: subprocess.Popen[bytes]) -> dict[str, dict[str, Any]]:
                                   "the pid handed on (another start time)", "another boot, with the same start time"])
 def test_the_pipelines_server_record_never_gets_a_process_that_is_not_ours_signalled(
         tmp_path: Path, bystander: subprocess.Popen[bytes], case: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from remote import server
+    from remote.control_plane import inference_server
 
     record = tmp_path / "server.json"
     record.write_text(json.dumps(_records_of(bystander)[case]))
-    managed = server.ManagedServer({"command": "sleep 300", "url": "http://127.0.0.1:9/v1"}, tmp_path / "log", record)
+    managed = inference_server.ManagedServer({"command": "sleep 300", "url": "http://127.0.0.1:9/v1"}, tmp_path / "log", record)
     assert managed.stop() is None
     assert bystander.poll() is None
     assert "is not our server" in capsys.readouterr().out and not record.exists()

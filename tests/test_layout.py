@@ -93,3 +93,28 @@ def test_no_function_outside_the_tests_is_longer_than_a_screen() -> None:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION]
     assert long == []
+
+
+def _readme_tree() -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index("  remote/\n    __main__.py")
+    return text[start:text.index("```", start)]
+
+
+def test_the_readmes_host_side_tree_names_every_module_of_each_layer_and_nothing_else() -> None:
+    import re
+
+    tree = _readme_tree()
+    # The entries are the cells of its columns made of folders (name/) and modules (name.py) alone.
+    entry = re.compile(r"[a-z_0-9]+(/|\.py)")
+    cells = [word for line in tree.splitlines()[1:] for cell in re.split(r"\s{2,}", line.strip())
+             if all(entry.fullmatch(w) for w in cell.split(" ")) for word in cell.split(" ")]
+    named = {word.rstrip("/").removesuffix(".py") for word in cells}
+    folders = {p.name for p in (REPO / "remote").iterdir() if (p / "__init__.py").is_file()}
+    loose = {p.stem for p in (REPO / "remote").glob("*.py")} - {"__init__"}
+    assert named == folders | loose
+    # The layers it lists module by module are exactly what their folders hold.
+    for layer in ("control_plane", "orchestration"):
+        modules = {p.stem for p in (REPO / "remote" / layer).glob("*.py")} - {"__init__"}
+        missing = {m for m in modules if not re.search(rf"\b{m}\b", tree)}
+        assert missing == set(), (layer, missing)

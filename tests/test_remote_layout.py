@@ -23,9 +23,6 @@ STATES = REPO / "remote" / "control_plane" / "states.py"
 #: Sent to the host as source text and run on its own (local/host.py), so it cannot import the layout:
 #: its own spelling is checked against the layout's below instead.
 RELEASE = REPO / "remote" / "control_plane" / "release.py"
-#: The one import of the control plane from the rest of `remote`: the inference server an infer job
-#: starts inside its Slurm allocation (remote/server.py, standard library only too).
-CONTROL_PLANE_MAY_IMPORT = {("remote/control_plane/supervisor.py", "remote.server")}
 
 ROOT_DIRS = {layout.JOBS, layout.DATA}
 JOB_FILES = {layout.STATE, layout.SPEC, layout.PROGRESS, layout.LOG, layout.LOCK, layout.STOP, layout.SCRIPT,
@@ -199,4 +196,4 @@ def test_the_control_plane_imports_nothing_of_remote_outside_itself() -> None:
                 for name in _imported(node):
                     if name.split(".")[0] == "remote" and not name.startswith("remote.control_plane"):
                         outside.add((str(path.relative_to(REPO)), name))
-    assert outside == CONTROL_PLANE_MAY_IMPORT
+    assert outside == set()

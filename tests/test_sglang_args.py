@@ -18,7 +18,7 @@ import torch
 
 from benchmarks.harness.stage_settings import complete
 from local.inventory import default_grid
-from remote import server
+from remote.eagle3 import server_check
 from remote.eagle3 import checkpoint, draft_config
 from remote.eagle3.model import Eagle3Draft
 from remote.eagle3.target import read_config
@@ -111,7 +111,7 @@ def test_sglang_silently_rewrites_a_grid_point_the_inventory_refuses(sglang, tin
 def test_the_flag_inv_check_asks_for_is_one_sglang_takes(sglang, tiny_target: Path, draft: Path) -> None:
     info = {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": str(draft),
             "draft_config": json.loads((draft / "config.json").read_text())}
-    [problem] = server.check_server_config(info, [0, 1, 2])
+    [problem] = server_check.check_server_config(info, [0, 1, 2])
     flag = problem.split("relaunch with ")[1].split()
     argv = ["--model-path", str(tiny_target), "--device", "cpu", *flag, "--speculative-draft-model-path", str(draft)]
     assert sglang.call("resolve", argv)["args"]["speculative_algorithm"] == "EAGLE3"

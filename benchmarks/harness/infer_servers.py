@@ -51,20 +51,20 @@ class Server:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self) -> "Server":
-        from remote import server
+        from remote.control_plane import inference_server
 
         from remote.control_plane import processes
 
-        self.pid = server.start(serve_command(self.model_dir, self.port), self.log_path, offline_env())
+        self.pid = inference_server.start(serve_command(self.model_dir, self.port), self.log_path, offline_env())
         self.started = processes.identity(self.pid)
-        server.wait_healthy(self.url, timeout=120, pid=self.pid, log_path=self.log_path)
+        inference_server.wait_healthy(self.url, timeout=120, pid=self.pid, log_path=self.log_path)
         return self
 
     def stop(self) -> None:
-        from remote import server
+        from remote.control_plane import inference_server
 
         if self.pid is not None:
-            server.stop(self.started)
+            inference_server.stop(self.started)
             self.pid = None
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from remote.control_plane import scratch
-from remote import server
+from remote.control_plane import inference_server
 from remote.control_plane.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, bounded, last_line, tail
 from remote.control_plane.layout import LOCK, LOG, PROGRESS, SERVER_LOG, SPEC, STATE, STOP
 from remote.control_plane.logfile import CappedLog
@@ -92,13 +92,13 @@ ERROR_LIMIT = 4096
 
 
 @contextmanager
-def inference_server(settings: dict[str, Any] | None, directory: Path, say: Callable[[str], None]) -> Iterator[None]:
+def job_server(settings: dict[str, Any] | None, directory: Path, say: Callable[[str], None]) -> Iterator[None]:
     """The server an infer job needs, for that job alone (on Slurm, inside its allocation).
 
     On one host `inv run`'s pipeline runner manages the server instead, and such
     specs carry no `server`.
     """
-    managed = server.ManagedServer(settings, directory / SERVER_LOG)
+    managed = inference_server.ManagedServer(settings, directory / SERVER_LOG)
     if not managed.is_managed:
         yield
         return
@@ -143,9 +143,9 @@ class Supervisor:
         command = stage_command(spec["stage"], spec.get("command"))
         self._log_line(f"{SUPERVISOR_MARK} {spec['stage']} {spec['dataset']} on release {release.name}: {command}")
         try:
-            with inference_server(spec.get("server"), self.directory, self._log_line):
+            with job_server(spec.get("server"), self.directory, self._log_line):
                 exit_code = self._run_stage(command, release, env, state)
-        except server.ServerError as exc:
+        except inference_server.ServerError as exc:
             self._log_line(f"inference server: {exc}")
             exit_code = 1
         ended = self._finish(state, exit_code)

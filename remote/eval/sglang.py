@@ -19,7 +19,7 @@ What SGLang documents, and where (sgl-project/sglang):
   ``test_batch_generation``) compute the acceptance length as
   ``Σ completion_tokens / Σ spec_verify_ct``, which is what aerie reports.
 - ``GET /server_info`` returns the ``ServerArgs`` (``speculative_algorithm``,
-  ``speculative_num_steps``, ...), read by `remote.server.server_info`.
+  ``speculative_num_steps``, ...), read by `remote.eagle3.server_check.server_info`.
 - A speculative server's ``--max-running-requests`` defaults to 48
   (``arg_groups/speculative_hook.py``: "Max running requests is reset to 48
   for speculative decoding"); a server without speculation has no such cap.

@@ -17,11 +17,10 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from remote.control_plane import jobs, layout
-from remote import server
+from remote.control_plane import inference_server
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.stages import StageContext
 from remote.control_plane.states import JobState
@@ -43,7 +42,7 @@ class Runner:
         if not ctx.stage_config.get("fresh", True):
             self.started = {n["key"] for n in self.plan if self.state_of(n["key"]) == JobState.SUCCEEDED}
         record = layout.server_record(self.root)
-        self.server = server.ManagedServer(self.server_settings, record.with_name(layout.SERVER_LOG), record)
+        self.server = inference_server.ManagedServer(self.server_settings, record.with_name(layout.SERVER_LOG), record)
 
     def state_of(self, key: str) -> JobState | None:
         directory = layout.key_dir(self.root, key)

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from remote.control_plane import processes
-from remote import server, stages
+from remote import stages
+from remote.control_plane import inference_server
 from remote.eagle3 import StageInputError
 from remote.eval import prompt_source
 from remote.eval import reports
@@ -43,7 +44,7 @@ REPORT_BESIDE_DRAFT = "eval.json"
 
 class EvalError(Exception):
     """The evaluation cannot go on (its port is taken): one line. A server that does not start is
-    `server.ServerError`, with the last line of its log."""
+    `inference_server.ServerError`, with the last line of its log."""
 
 
 class Stopped(Exception):
@@ -117,14 +118,14 @@ def running(command: str, log: Path, record: Path, url: str, settings: EvalSetti
                         "stop it or set stages.eval.port")
     progress.note(f"{name}: starting the server")
     print(f"server: {command}", flush=True)
-    pid = server.start(command, log, env=settings.server_env)
+    pid = inference_server.start(command, log, env=settings.server_env)
     started = processes.identity(pid)
     write_json_atomic(record, started)
     try:
-        server.wait_healthy(url, settings.server_start_timeout, pid, log, beat=progress.beat)
+        inference_server.wait_healthy(url, settings.server_start_timeout, pid, log, beat=progress.beat)
         yield pid
     finally:
-        server.stop(started, grace=STOP_GRACE)
+        inference_server.stop(started, grace=STOP_GRACE)
         record.unlink(missing_ok=True)
 
 
@@ -133,7 +134,7 @@ def stop_leftover_server(record: Path) -> None:
     left = read_json(record, {})
     if isinstance(left, dict) and processes.is_ours(left):
         print(f"server: stopping pid {left['pid']}, left by an earlier run", flush=True)
-        server.stop(left, grace=STOP_GRACE)
+        inference_server.stop(left, grace=STOP_GRACE)
     record.unlink(missing_ok=True)
 
 
@@ -145,7 +146,7 @@ def is_listening(port: int) -> bool:
 
 def _on_term(signum: int, frame: object) -> None:
     # Once: `inv stop` signals the job's group and the supervisor passes its own SIGTERM on, so a
-    # second one can land while the first unwinds through `server.stop` and would cut it short,
+    # second one can land while the first unwinds through `inference_server.stop` and would cut it short,
     # leaving the server (a session of its own) running.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Stopped()
@@ -153,7 +154,7 @@ def _on_term(signum: int, frame: object) -> None:
 
 def main() -> None:
     try:
-        stages.main("eval", run, (StageInputError, EvalError, GenerateError, server.ServerError))
+        stages.main("eval", run, (StageInputError, EvalError, GenerateError, inference_server.ServerError))
     except Stopped:
         raise SystemExit("eval: stopped; the server is stopped too") from None
 
