@@ -90,4 +90,8 @@ def test_a_deploy_that_starts_while_another_switches_waits_for_it_and_sends_this
     assert deploying.returncode == 0, out + err
     assert "Nothing to deploy" not in out and "0 added, 1 changed, 0 removed" in out, out
     live = (bench.root / "current").resolve().name
-    assert live not in (ours, theirs) and f"Deployed release {live} to " in out and "1 changed, 0 removed; it is live." in out
+    assert live != theirs and f"Deployed release {live} to " in out and "1 changed, 0 removed; it is live." in out
+    # This checkout's files are live: a new release, or, when both deploys fell in one second, its own
+    # first release again (an id is the second and the files' digest).
+    states = Path("remote") / "control_plane" / "states.py"
+    assert (bench.root / "current" / states).read_bytes() == (bench.checkout / states).read_bytes()

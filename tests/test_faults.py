@@ -7,11 +7,15 @@ benchmarks/harness/scripted_stage.py as the stage: no SSH and no deploy, so each
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -345,6 +349,46 @@ def test_corrupt_job_files_never_take_down_a_deploys_pruning(root: Path) -> None
     (live / "state.json").write_text(json.dumps({"state": "running", "release": "r1"}))
     agent = runpy.run_path(str(REPO / "remote" / "control_plane" / "release.py"), run_name="agent")  # run as deploy sends it
     assert agent["in_use"](str(root)) == {"r1"}
+
+
+def _apply(agent: dict[str, Any], root: Path, release_id: str, files: dict[str, bytes]) -> dict[str, Any]:
+    """One `release.py apply`, as a deploy sends it: a JSON line, then a gzip tar of the files."""
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        for name, data in files.items():
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    line = json.dumps({"id": release_id, "send": list(files),
+                       "files": {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}}).encode()
+    stdin, out = sys.stdin, io.StringIO()
+    sys.stdin = io.TextIOWrapper(io.BytesIO(line + b"\n" + archive.getvalue()))
+    try:
+        with contextlib.redirect_stdout(out):
+            code = agent["main"](["apply", str(root)])
+    finally:
+        sys.stdin = stdin
+    return {"code": code, **json.loads(out.getvalue().split("<aerie-payload>")[1].split("</aerie-payload>")[0])}
+
+
+def test_the_same_release_deployed_again_within_its_second_is_kept_and_made_live(tmp_path: Path) -> None:
+    # The id is the second and the files' digest: deploy X, another checkout switches to Y, X again in
+    # the same second. The rename onto X's own release failed (Directory not empty) and the deploy with it.
+    import runpy
+
+    agent = runpy.run_path(str(REPO / "remote" / "control_plane" / "release.py"), run_name="agent")
+    ours, theirs = {"remote/a.py": b"A = 1\n"}, {"remote/a.py": b"A = 2\n"}
+    assert _apply(agent, tmp_path, "20261201-000000-aaaa", ours)["code"] == 0
+    assert _apply(agent, tmp_path, "20261201-000000-bbbb", theirs)["code"] == 0
+    again = _apply(agent, tmp_path, "20261201-000000-aaaa", ours)
+    assert again["code"] == 0 and again["id"] == "20261201-000000-aaaa"
+    assert (tmp_path / "current").resolve().name == "20261201-000000-aaaa"
+    assert (tmp_path / "current" / "remote" / "a.py").read_bytes() == b"A = 1\n"
+    assert [p.name for p in (tmp_path / "releases").iterdir() if p.name.startswith(".incoming")] == []
+    # An id whose release holds other files is refused, and the live release stays.
+    refused = _apply(agent, tmp_path, "20261201-000000-aaaa", {"remote/a.py": b"A = 3\n"})
+    assert refused["code"] == 1 and "exists with other files" in refused["error"]
+    assert (tmp_path / "current" / "remote" / "a.py").read_bytes() == b"A = 1\n"
 
 
 def test_the_logs_end_line_is_written_before_the_end_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

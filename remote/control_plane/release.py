@@ -95,6 +95,22 @@ def build(root, args, stream):
     return incoming
 
 
+def settle(incoming, target, files):
+    """Rename the built release into place, or keep the one already there under its id.
+
+    An id is the second and a digest of the files, so a release of that id holds these files
+    (a release is renamed in whole and never changed): the same checkout deployed again within
+    the second, after another checkout's deploy switched away from it, finds its own release.
+    """
+    if os.path.isdir(target):
+        with open(os.path.join(target, MANIFEST)) as handle:
+            if json.load(handle).get("files") != files:
+                raise RuntimeError("release %s exists with other files: deploy again" % os.path.basename(target))
+        shutil.rmtree(incoming)
+        return
+    os.rename(incoming, target)
+
+
 def switch(root, release_id):
     """Point `current` at the release with one rename: never a moment without a whole release."""
     temporary = os.path.join(root, ".current.tmp")
@@ -140,7 +156,7 @@ def apply(root):
     with open(os.path.join(root, ".deploy.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two deploys at once take turns
         incoming = build(root, args, stream)
-        os.rename(incoming, os.path.join(root, "releases", args["id"]))
+        settle(incoming, os.path.join(root, "releases", args["id"]), args["files"])
         switch(root, args["id"])
         removed = prune(root, args.get("keep", KEEP))
     emit({"id": args["id"], "pruned": removed})
