@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from local.exceptions import AerieError
+from local.inventory_queries import InventoryQueries
 from local.paths import ENV_NAME, INVENTORIES, REPO, resolve_path  # noqa: F401 (also this module's API)
 from remote.control_plane.states import DRAFT, RUNNER
 
@@ -274,7 +275,7 @@ class Slurm(Resources):
         return {**base, **override}
 
 
-class Inventory(Strict):
+class Inventory(InventoryQueries, Strict):
     backend: Literal["ssh", "local", "slurm"]
     host: Host | None = Field(None, description="the one host (for slurm: the login node; no address: this machine)")
     hosts: dict[str, Host] = Field(default_factory=dict, description="several SSH hosts, by name, instead of `host`")
@@ -306,15 +307,6 @@ class Inventory(Strict):
             raise ValueError(refusal)
         return self
 
-    @property
-    def executor(self) -> str:
-        """The host-side executor of every job (remote/control_plane/executors.py): the one place that maps the backend to it."""
-        return "slurm" if self.backend == "slurm" else "process"
-
-    @property
-    def is_multi_host(self) -> bool:
-        return bool(self.hosts)
-
     def assignment(self) -> dict[str, str]:
         """Which host runs each dataset: its `host`, else spread evenly in inventory order."""
         names = sorted(self.hosts)
@@ -328,32 +320,13 @@ class Inventory(Strict):
                 load[placed[ds]] += 1
         return {ds: placed[ds] for ds in self.datasets}
 
-    def views(self) -> dict[str, "Inventory"]:
-        """One single-host inventory per host, holding the datasets it runs; {} name for one host."""
-        if not self.hosts:
-            return {"": self}
+    def per_host_views(self) -> dict[str, "Inventory"]:
         assignment = self.assignment()
         return {
             name: self.model_copy(update={"host": host, "hosts": {}, "datasets": {
                 ds: d for ds, d in self.datasets.items() if assignment[ds] == name}})
             for name, host in sorted(self.hosts.items())
         }
-
-    def stage(self, name: str) -> Stage:
-        if name not in Stages.model_fields:
-            raise AerieError(f"unknown stage {name!r}: expected one of {', '.join(Stages.model_fields)}")
-        return getattr(self.stages, name)
-
-    def select(self, names: list[str] | None) -> list[str]:
-        """The named datasets in inventory order, or all of them; an unknown name is an error."""
-        if not names:
-            return list(self.datasets)
-        unknown = [n for n in names if n not in self.datasets]
-        if unknown:
-            raise AerieError(
-                f"unknown dataset {', '.join(unknown)} in {self.path}: expected one of {', '.join(self.datasets) or '(none)'}"
-            )
-        return [n for n in self.datasets if n in names]
 
 
 def load(name_or_path: str) -> Inventory:

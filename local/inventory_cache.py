@@ -6,8 +6,8 @@ under .aerie/cache/inventory/, keyed by its file's bytes and path and the schema
 code (local/inventory.py); while they are unchanged, `load` reads that JSON back.
 
 What comes back reads like the models: attributes, `model_dump`, `model_dump_json`,
-`views()`/`is_multi_host` for one host, and what launching needs (`stage`, `select`,
-`executor`, `slurm.for_stage`). Anything else (e.g. `assignment()`, or an unknown
+what `local.inventory_queries` answers for both (`stage`, `select`, `views`, `executor`),
+and `slurm.for_stage`. Anything else (e.g. `assignment()`, or an unknown
 dataset's refusal) is answered by the real pydantic model, built from the cached values
 the first time it is needed.
 """
@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from local.inventory_queries import InventoryQueries
 from local.paths import REPO, resolve_path, write_replacing
 
 if TYPE_CHECKING:
@@ -76,12 +77,13 @@ class Record:
         return json.dumps(self._data, sort_keys=True)
 
 
-class CachedInventory(Record):
+class CachedInventory(InventoryQueries, Record):
     """An `Inventory` read back from the cache; `path` is where its file is.
 
     Besides the values, the cache keeps what `inv launch` and `inv rerun` ask the model for
-    (`derived`: the executor, each stage's Slurm resources), computed by the model when it
-    was validated, so that these tasks never import pydantic either.
+    (`derived`: each stage's Slurm resources), computed by the model when it was validated,
+    so that these tasks never import pydantic either. The rest of what tasks ask
+    (`select`, `stage`, `views`, `executor`) is `InventoryQueries`', shared with the model.
     """
 
     __slots__ = ("path", "_derived")
@@ -92,30 +94,11 @@ class CachedInventory(Record):
         self.path, self._derived = path, derived
 
     @property
-    def is_multi_host(self) -> bool:
-        return bool(self._data.get("hosts"))
-
-    @property
-    def executor(self) -> str:
-        return self._derived["executor"]
-
-    @property
     def slurm(self) -> Any:
         return SlurmResources(self.__getattr__("slurm"), self._derived["slurm"])
 
-    def views(self) -> dict[str, Any]:
-        return {"": self} if not self.is_multi_host else self._model().views()  # type: ignore[attr-defined]
-
-    def stage(self, name: str) -> Any:
-        """A stage's settings (`inv rerun` reads every stage's); an unknown name: the model's refusal."""
-        return getattr(self.stages, name) if name in self._data["stages"] else self._model().stage(name)  # type: ignore[attr-defined]
-
-    def select(self, names: list[str] | None) -> list[str]:
-        """The named datasets in inventory order, or all; an unknown name: the model's refusal."""
-        datasets = list(self._data["datasets"])
-        if names and not set(names) <= set(datasets):
-            return self._model().select(names)  # type: ignore[attr-defined]
-        return [n for n in datasets if not names or n in names]
+    def per_host_views(self) -> dict[str, Any]:
+        return self._model().per_host_views()  # type: ignore[attr-defined]
 
     def _model(self) -> BaseModel:
         real = super()._model()
@@ -152,7 +135,7 @@ def load(name_or_path: str, cache: Path = CACHE) -> Inventory:
     real = inventory.load(name_or_path)
     data, given = real.model_dump(mode="json"), real.model_dump(mode="json", exclude_unset=True)
     shape = shape_of(type(real))
-    derived = {"executor": real.executor, "slurm": {stage: real.slurm.for_stage(stage) for stage in data["stages"]}}
+    derived = {"slurm": {stage: real.slurm.for_stage(stage) for stage in data["stages"]}}
     if key is not None:
         _write(cache, key, {"key": key, "path": str(path), "data": data, "given": given, "shape": shape,
                             "derived": derived})

@@ -105,3 +105,15 @@ def test_the_task_list_loads_no_ssh_library_schema_or_rich() -> None:
             "'local.validation') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("ask", [lambda i: i.select(["A", "C"]), lambda i: i.stage("tokenise")])
+def test_both_forms_refuse_an_unknown_name_alike_and_the_cache_without_pydantic(tmp_path: Path, ask) -> None:
+    real, cached, _ = both(tmp_path, MULTI)
+    refusals = []
+    for form in (real, cached):
+        with pytest.raises(AerieError) as refused:
+            ask(form)
+        refusals.append(str(refused.value))
+    assert refusals[0] == refusals[1] and ("unknown dataset C in " in refusals[0] or "unknown stage" in refusals[0])
+    assert cached._real is None and cached.executor == real.executor == "process"

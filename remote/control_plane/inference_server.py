@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from remote.control_plane import processes
-from remote.control_plane.jobs import tail
+from remote.control_plane.logfile import tail
 from remote.control_plane.progress import write_json_atomic
 
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from remote.control_plane import executors, layout, processes
+from remote.control_plane.logfile import last_line
 from remote.control_plane.store import BrokenJob, HostError, Job, JobStore
 from remote.control_plane.states import JobState
 
@@ -22,50 +23,10 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
 HEARTBEAT_SECONDS = 5.0
-SUPERVISOR_MARK = "[aerie]"  # the supervisor's own lines in a job's log
 
 
 def all_job_dirs(root: Path) -> list[Path]:
     return JobStore(root).directories()
-
-
-TAIL_BYTES = 4096
-
-
-def tail(log: Path, size: int = TAIL_BYTES) -> str:
-    """The last `size` bytes of a log as text; "" when it cannot be read."""
-    try:
-        with open(log, "rb") as handle:
-            handle.seek(max(0, handle.seek(0, os.SEEK_END) - size))
-            return handle.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def last_line(log: Path, limit: int = 160) -> str:
-    """The stage's last non-empty line in a log (not the supervisor's own), read from its last
-    `limit` bytes (4 KiB at least) only; its first `limit` characters, after "…" when its start lies
-    before what was read."""
-    window = max(TAIL_BYTES, limit)
-    lines = tail(log, window).split("\n")
-    for index in range(len(lines) - 1, -1, -1):
-        text = lines[index].strip()
-        if text and not text.startswith(SUPERVISOR_MARK):
-            whole = index > 0 or _size(log) <= window
-            return ("" if whole else "…") + text[:limit]
-    return ""
-
-
-def bounded(text: str, limit: int) -> str:
-    """`text`, or its last `limit` characters after "…": what a message ends with says what went wrong."""
-    return text if len(text) <= limit else "…" + text[len(text) - limit + 1:]
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 # -- reading -----------------------------------------------------------------

@@ -7,7 +7,8 @@ newest half is copied behind one marker line into a new file, renamed into place
 
     [aerie] this log is capped at 67108864 bytes (the stage's log_limit): its first 1234567 bytes were cut
 
-Reading: `write_last_lines` finds where the last N lines start by reading backwards from
+Reading: `tail` and `last_line` read a log's last 4 KiB (`inv status`'s last line, a failed
+job's error). `write_last_lines` finds where the last N lines start by reading backwards from
 the end, then copies them out in blocks, so it holds one block whatever the log's size;
 a line longer than `LINE_LIMIT` keeps its end (a progress bar's latest state, an error's
 last words) after a marker. `follow` goes on from there and across the writer's renames.
@@ -24,13 +25,52 @@ TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__
 if TYPE_CHECKING:
     from typing import BinaryIO, Callable
 
+SUPERVISOR_MARK = "[aerie]"  # the supervisor's own lines in a job's log
+#: How much of a log's end `tail` and `last_line` read.
+TAIL_BYTES = 4096
 BLOCK = 64 * 1024
 #: The most of one line `inv logs` shows: a longer line keeps its last LINE_LIMIT bytes.
 LINE_LIMIT = 16 * 1024
 #: How far back `inv logs` looks for the start of its lines; a capped log is never that long.
 SCAN_LIMIT = 1 << 30
-MARKER = "[aerie] this log is capped at {limit} bytes (the stage's log_limit): its first {cut} bytes were cut\n"
+MARKER = SUPERVISOR_MARK + " this log is capped at {limit} bytes (the stage's log_limit): its first {cut} bytes were cut\n"
 HEADER = re.compile(rb"\[aerie\] this log is capped at \d+ bytes [^\n]*: its first (\d+) bytes were cut\n")
+
+
+def tail(log: Path, size: int = TAIL_BYTES) -> str:
+    """The last `size` bytes of a log as text; "" when it cannot be read."""
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - size))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def last_line(log: Path, limit: int = 160) -> str:
+    """The stage's last non-empty line in a log (not the supervisor's own), read from its last
+    `limit` bytes (4 KiB at least) only; its first `limit` characters, after "…" when its start lies
+    before what was read."""
+    window = max(TAIL_BYTES, limit)
+    lines = tail(log, window).split("\n")
+    for index in range(len(lines) - 1, -1, -1):
+        text = lines[index].strip()
+        if text and not text.startswith(SUPERVISOR_MARK):
+            whole = index > 0 or _size(log) <= window
+            return ("" if whole else "…") + text[:limit]
+    return ""
+
+
+def bounded(text: str, limit: int) -> str:
+    """`text`, or its last `limit` characters after "…": what a message ends with says what went wrong."""
+    return text if len(text) <= limit else "…" + text[len(text) - limit + 1:]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 class CappedLog:

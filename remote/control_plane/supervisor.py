@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterator
 
 from remote.control_plane import scratch
 from remote.control_plane import inference_server
-from remote.control_plane.jobs import HEARTBEAT_SECONDS, SUPERVISOR_MARK, bounded, last_line, tail
+from remote.control_plane.jobs import HEARTBEAT_SECONDS
+from remote.control_plane.logfile import SUPERVISOR_MARK, bounded, last_line, tail
 from remote.control_plane.layout import LOCK, LOG, PROGRESS, SERVER_LOG, SPEC, STATE, STOP
 from remote.control_plane.logfile import CappedLog
 from remote.control_plane.processes import die_with_parent, identity
