@@ -262,3 +262,26 @@ def test_a_finished_train_run_rerun_takes_no_step_and_keeps_its_draft(
     assert first["steps"] == again["steps"] == 5 and again["resumed_from_step"] == 5
     assert again["last_loss"] == first["last_loss"]
     assert next_pass["resumed_from_step"] == 5 and next_pass["steps"] == 10  # the same records, a new pass
+
+
+def test_a_resumed_run_keeps_the_held_out_figures_of_the_epochs_measured_before_it(
+    extracted: dict, tiny_target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A second `inv demo` (or `inv run` after a deploy) runs train again: it resumes after the last step
+    # and measures nothing; its manifest used to say accept_length None and forget every epoch.
+    settings = {**TRAIN_SETTINGS, "epochs": 2, "checkpoint_every": 3}  # 8 records trained, 4 steps an epoch
+    env = stage_env(extracted["root"], "train", settings, {"target": {"model": str(tiny_target)}}, dataset="kept")
+    env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [extracted["env"]["AERIE_OUTPUT"]]})
+    _crash_after(monkeypatch, 7)  # in epoch 2; the last checkpoint is step 6, after epoch 1 was measured
+    with pytest.raises(KeyboardInterrupt):
+        train.run(context(env), Progress())
+    monkeypatch.undo()
+
+    resumed = train.run(context(env), Progress())
+    again = train.run(context(env), Progress())
+
+    assert resumed["resumed_from_step"] == 6 and again["resumed_from_step"] == 8 == again["steps"]
+    assert [e["epoch"] for e in resumed["epoch_history"]] == [1, 2]  # epoch 1 kept, epoch 2 measured now
+    assert again["epoch_history"] == resumed["epoch_history"]
+    assert again["accept_length"] == resumed["accept_length"] == resumed["epoch_history"][-1]["accept_length"]
+    assert again["eval_accuracies"] == resumed["eval_accuracies"] and len(again["eval_accuracies"]) == 3

@@ -8,16 +8,19 @@ measured in the next.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from pathlib import Path
 from typing import Any
 
 from remote.eagle3.epochs import EpochRecord
-from remote.control_plane.progress import write_json_atomic
+from remote.control_plane.progress import read_json, write_json_atomic
 
 PLOT_EVERY = 60.0  # seconds: drawing costs seconds of CPU, so not after every short epoch
 HELDOUT_LIST = "heldout.json"  # beside train's manifest: the held-out records' files
+#: Beside it: every epoch measured so far, so that a resumed run (or one resumed after its last step) keeps them.
+EVALUATIONS = "evaluations.json"
 
 
 def split(files: list[Path], records: int | None, fraction: float) -> tuple[list[Path], list[Path]]:
@@ -46,9 +49,10 @@ class EpochEvaluation:
     """
 
     def __init__(self, heldout: list[Path], load: Any, steps: int, max_length: int, plot_path: Path,
-                 progress: Any) -> None:
+                 progress: Any, kept: Path | None = None) -> None:
         self.heldout, self.load, self.steps, self.max_length = heldout, load, steps, max_length
         self.plot_path, self.progress = plot_path, progress
+        self.kept = kept or plot_path.with_name(EVALUATIONS)  # where the epochs measured so far are kept
         self.epochs: list[EpochRecord] = []
         self._losses: list[float] = []
         self._plotted_at = time.monotonic()
@@ -73,9 +77,16 @@ class EpochEvaluation:
                   f"({self.steps} steps, top-k 1), accuracy per step "
                   + " ".join(f"{a:.3f}" for a in tally.accuracies), flush=True)
         self.epochs.append(record)
+        write_json_atomic(self.kept, [dataclasses.asdict(e) for e in self.epochs])
         if time.monotonic() - self._plotted_at >= PLOT_EVERY:
             self.draw()  # a long run shows its curve while it trains
         return record
+
+    def restore(self, through: int | None = None) -> None:
+        """The epochs measured by the runs before this one, up to epoch `through` (None: all): the
+        run goes on from there, and its manifest still reports them."""
+        kept = read_json(self.kept, [])
+        self.epochs = [EpochRecord(**e) for e in kept if through is None or e["epoch"] <= through]
 
     def draw(self) -> None:
         """The plot of the epochs so far; `train` draws it once more at the end."""

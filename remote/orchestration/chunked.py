@@ -50,6 +50,7 @@ from typing import Any
 from remote import sizing
 from remote.eagle3 import StageInputError
 from remote.eagle3.extract_settings import ExtractSettings
+from remote.eagle3.heldout import EVALUATIONS
 from remote.eagle3.train_settings import TrainSettings
 from remote.control_plane import layout
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
@@ -203,7 +204,7 @@ class Chunked:
             "heldout_tokens": sum(n for name, i, n in records if (name, i) in held),
         }
         # NOTE: a new plan is a new run: forget where an older one stood and what it measured.
-        for name in ("state.json", "timing.json", "evaluations.json"):
+        for name in ("state.json", "timing.json", EVALUATIONS):
             (self.out / name).unlink(missing_ok=True)
         shutil.rmtree(self.out / "heldout", ignore_errors=True)
         write_json_atomic(self.out / "chunks.json", result)
@@ -268,7 +269,7 @@ class Chunked:
         heldout_files = self.extract_heldout()
         self.trainer = resident.Trainer(
             self.ctx, {**self.stage_settings(self.train), "eval_records": 0}, self.train_out, heldout_files,
-            self.schedule(), self.out / resident.EVALUATIONS, self.progress,
+            self.schedule(), self.out / EVALUATIONS, self.progress,
             {"preps": self.preps, "heldout": self.layout["heldout"]}) if self.resident_train else None
         state = read_json(self.out / "state.json", START)
         if state != START:

@@ -24,9 +24,6 @@ from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.eagle3.train_settings import TrainSettings
 from remote.stages import StageContext
 
-#: Where the held-out figures of the epochs measured so far are kept (in the chunked job's output).
-EVALUATIONS = "evaluations.json"
-
 
 class Relay:
     """A stage's progress calls, turned into heartbeats of the job that runs the stage in-process."""
@@ -130,7 +127,6 @@ class Trainer:
         import torch
 
         from remote.eagle3 import heldout, plot
-        from remote.eagle3.epochs import EpochRecord
         from remote.eagle3.model import Eagle3Draft
         from remote.eagle3.shards import load_sample
         from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
@@ -149,8 +145,8 @@ class Trainer:
         self.output.mkdir(parents=True, exist_ok=True)
         self.evaluation = heldout.EpochEvaluation(
             self.heldout, load_sample, self.typed.eval_steps, self.typed.max_length,
-            self.output / plot.PLOT_NAME, self.progress)
-        self.evaluation.epochs = [EpochRecord(**e) for e in read_json(self.evaluations, [])]
+            self.output / plot.PLOT_NAME, self.progress, self.evaluations)
+        self.evaluation.restore()
 
     def run(self, inputs: list[Path], epochs: int, name: str, seed: int) -> None:
         """`epochs` epochs over the states in `inputs`, shuffled by `seed`; `name` is the pass, for resuming."""
@@ -207,7 +203,6 @@ class Trainer:
     def measure(self, epoch: int) -> dict[str, Any]:
         """The held-out figures after `epoch` epochs' worth of steps, kept (for a resumed run) and drawn."""
         record = self.evaluation.on_epoch(epoch, self.draft, self.head)
-        write_json_atomic(self.evaluations, [dataclasses.asdict(e) for e in self.evaluation.epochs])
         self.evaluation.draw()
         return record.as_dict()
 

@@ -133,6 +133,9 @@ def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
     evaluation = heldout.EpochEvaluation(heldout_files, load_sample, settings.eval_steps, settings.max_length,
                                          ctx.output / plot.PLOT_NAME, progress)
     state = _resume_state(ctx, draft, files, settings, progress)
+    # NOTE: the epochs before the one this run goes on from were measured by earlier runs: the manifest
+    # still reports them (a run resumed after its last step measures nothing, yet had an accept length).
+    evaluation.restore(through=state.epoch)
     draft.to(device)
     progress.expect(epochs * -(-len(files) // batch_size), by="step")
     earlier = _previous_history(ctx, state.step)
