@@ -278,10 +278,12 @@ def test_a_resumed_run_keeps_the_held_out_figures_of_the_epochs_measured_before_
     monkeypatch.undo()
 
     resumed = train.run(context(env), Progress())
-    again = train.run(context(env), Progress())
+    shown = Progress()
+    again = train.run(context(env), shown)
 
     assert resumed["resumed_from_step"] == 6 and again["resumed_from_step"] == 8 == again["steps"]
     assert [e["epoch"] for e in resumed["epoch_history"]] == [1, 2]  # epoch 1 kept, epoch 2 measured now
     assert again["epoch_history"] == resumed["epoch_history"]
     assert again["accept_length"] == resumed["accept_length"] == resumed["epoch_history"][-1]["accept_length"]
     assert again["eval_accuracies"] == resumed["eval_accuracies"] and len(again["eval_accuracies"]) == 3
+    assert shown.values["accept_length"] == again["accept_length"]  # `inv status` shows it too

@@ -87,6 +87,8 @@ class EpochEvaluation:
         run goes on from there, and its manifest still reports them."""
         kept = read_json(self.kept, [])
         self.epochs = [EpochRecord(**e) for e in kept if through is None or e["epoch"] <= through]
+        if self.epochs:  # what `inv status` shows until the next epoch is measured
+            self.progress.metrics(**self.epochs[-1].metrics())
 
     def draw(self) -> None:
         """The plot of the epochs so far; `train` draws it once more at the end."""
