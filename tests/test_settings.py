@@ -219,3 +219,17 @@ def test_the_job_spec_carries_every_setting_of_its_stage(tmp_path: Path) -> None
         sent = job_specs.spec(inventory, name, stage)["config"]["stage"]
         declared = set(Stages.model_fields[stage].annotation.model_fields) - {"command", "stall_after"}
         assert declared <= set(sent), f"{stage}: the spec lacks {declared - set(sent)}"
+
+
+def test_typed_gives_each_value_its_declared_type_and_refuses_what_it_cannot_be_in_one_line() -> None:
+    train = TrainSettings.from_config(complete("train", {"max_length": "4096", "eval_records": None, "nproc": 8.0}))
+    assert (train.max_length, train.eval_records, train.nproc) == (4096, None, 8) and isinstance(train.nproc, int)
+    for key, value, expected in (("epochs", "ten", "an integer"), ("epochs", 2.5, "an integer"),
+                                 ("learning_rate", "fast", "a number"), ("specforge_server_urls", "http://h", "a list"),
+                                 ("specforge_deployment", [1], "a dict")):
+        with pytest.raises(StageInputError, match=rf"^stages\.train\.{key} .*: expected {expected}$"):
+            TrainSettings.from_config(complete("train", {key: value}))
+    # Not numbers to convert: a bool stays a bool for the class to refuse; `auto | int` is the class's to check.
+    with pytest.raises(SettingsError, match=r"^stages\.infer\.retries: expected an integer >= 0 \(got True\)"):
+        InferSettings.from_config(complete("infer", {"retries": True}))
+    assert InferSettings.from_config(complete("infer", {"concurrency": "auto"})).concurrency == "auto"

@@ -31,10 +31,9 @@ class ExtractSettings:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "ExtractSettings":
         """The settings, each key checked once: one line naming a missing key, the layers or the dtype."""
-        raw = typed(cls, config, "extract", StageInputError)
-        layers = raw.layers
-        if not isinstance(layers, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
-            raise StageInputError(f"stages.extract.layers {layers!r}: expected a list of layer ids, e.g. [2, 30, 58]")
-        if raw.dtype not in DTYPES:
-            raise StageInputError(f"stages.extract.dtype {raw.dtype!r}: expected one of {', '.join(DTYPES)}")
-        return cls(layers=list(layers), dtype=raw.dtype, batch_size=int(raw.batch_size), shard_size=int(raw.shard_size))
+        settings = typed(cls, config, "extract", StageInputError)
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in settings.layers):
+            raise StageInputError(f"stages.extract.layers {settings.layers!r}: expected a list of layer ids, e.g. [2, 30, 58]")
+        if settings.dtype not in DTYPES:
+            raise StageInputError(f"stages.extract.dtype {settings.dtype!r}: expected one of {', '.join(DTYPES)}")
+        return settings

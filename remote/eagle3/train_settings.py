@@ -54,15 +54,7 @@ class TrainSettings:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "TrainSettings":
         """The settings with their types; one line naming a missing key or an unknown engine."""
-        raw = typed(cls, config, "train", StageInputError)
-        if raw.engine not in ENGINES:
-            raise StageInputError(f"stages.train.engine {raw.engine!r}: expected one of {', '.join(ENGINES)}")
-        return cls(
-            engine=raw.engine, draft_vocab_size=int(raw.draft_vocab_size), epochs=int(raw.epochs),
-            learning_rate=float(raw.learning_rate), batch_size=int(raw.batch_size), ttt_steps=int(raw.ttt_steps),
-            max_length=int(raw.max_length), checkpoint_every=int(raw.checkpoint_every),
-            eval_records=None if raw.eval_records is None else int(raw.eval_records),
-            eval_fraction=float(raw.eval_fraction), eval_steps=int(raw.eval_steps), chat_template=raw.chat_template,
-            nproc=int(raw.nproc), specforge_server_urls=list(raw.specforge_server_urls),
-            specforge_deployment=dict(raw.specforge_deployment),
-        )
+        settings = typed(cls, config, "train", StageInputError)
+        if settings.engine not in ENGINES:
+            raise StageInputError(f"stages.train.engine {settings.engine!r}: expected one of {', '.join(ENGINES)}")
+        return settings

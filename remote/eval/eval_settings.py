@@ -6,6 +6,7 @@ workstation sends every one, ``draft`` and ``model`` resolved (remote/settings.p
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,14 +69,8 @@ class EvalSettings:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "EvalSettings":
         """The settings with their types; one line naming a missing key, or the draft when it is unset."""
-        raw = typed(cls, config, "eval", StageInputError)
-        if not raw.draft:
+        settings = typed(cls, config, "eval", StageInputError)
+        if not settings.draft:
             raise StageInputError("stages.eval.draft is unset: run the evaluation with `inv eval`, "
                                   "which resolves it to train's output")
-        return cls(
-            launcher=raw.launcher, model=raw.model, port=int(raw.port), server_args=list(raw.server_args),
-            server_env=dict(raw.server_env), server_start_timeout=float(raw.server_start_timeout), draft=raw.draft,
-            grid=[Setting.of(entry) for entry in raw.grid], prompts=raw.prompts, num_prompts=int(raw.num_prompts),
-            max_new_tokens=int(raw.max_new_tokens), concurrency=int(raw.concurrency),
-            request_timeout=float(raw.request_timeout),
-        )
+        return dataclasses.replace(settings, grid=[Setting.of(entry) for entry in settings.grid])
