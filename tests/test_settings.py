@@ -233,3 +233,5 @@ def test_typed_gives_each_value_its_declared_type_and_refuses_what_it_cannot_be_
     with pytest.raises(SettingsError, match=r"^stages\.infer\.retries: expected an integer >= 0 \(got True\)"):
         InferSettings.from_config(complete("infer", {"retries": True}))
     assert InferSettings.from_config(complete("infer", {"concurrency": "auto"})).concurrency == "auto"
+    with pytest.raises(PrepError, match=r"^stages\.prep\.max_length must be a positive integer \(got True\)"):
+        PrepSettings.from_config(complete("prep", {"max_length": True}))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from remote.control_plane import eta, gpus
+from remote.control_plane import eta, gpus, processes
 from remote.prep.count import estimate_rows
 from remote.prep.load import Source
 from remote.control_plane.progress import Progress
@@ -69,8 +69,14 @@ def test_the_pipelines_inference_server_is_named_as_the_holder(stand_in_nvidia_s
     try:
         (stand_in_nvidia_smi / "pid").write_text(str(server.pid))
         (tmp_path / "jobs" / "pipeline").mkdir(parents=True)
-        (tmp_path / "jobs" / "pipeline" / "server.json").write_text(json.dumps({"pid": server.pid}))
+        record = tmp_path / "jobs" / "pipeline" / "server.json"
+        record.write_text(json.dumps(processes.identity(server.pid)))
         status = gpus.annotate(tmp_path, {"jobs": []})
+        # A record that cannot prove the pid is still that server (written before a reboot, the pid since
+        # given to another process, or only a pid) names no server.
+        for unproven in ({**processes.identity(server.pid), "pid_start": 1}, {"pid": server.pid}):
+            record.write_text(json.dumps(unproven))
+            assert gpus.annotate(tmp_path, {"jobs": []})["gpus"][0]["held_by"] == [f"pid {server.pid}"]
     finally:
         server.kill()
         server.wait()

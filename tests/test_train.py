@@ -287,3 +287,4 @@ def test_a_resumed_run_keeps_the_held_out_figures_of_the_epochs_measured_before_
     assert again["accept_length"] == resumed["accept_length"] == resumed["epoch_history"][-1]["accept_length"]
     assert again["eval_accuracies"] == resumed["eval_accuracies"] and len(again["eval_accuracies"]) == 3
     assert shown.values["accept_length"] == again["accept_length"]  # `inv status` shows it too
+    assert shown.message == "trained before: 2 epochs, 8 steps; the saved draft stands"

@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from remote.control_plane import layout
+from remote.control_plane import layout, processes
 from remote.control_plane.progress import read_json
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
@@ -67,9 +67,10 @@ def annotate(root: Path, status: dict[str, Any], query: Query | None = None) -> 
         record = read_json(layout.server_record(root), {})
     except (OSError, ValueError):
         record = {}
-    server = record.get("pid") if isinstance(record, dict) else None
-    if server:
-        owners[server] = SERVER
+    # NOTE: named only while the record proves the pid is still the server aerie started: after a
+    # reboot or a reuse of the pid, another process's GPU memory would be laid at the pipeline's door.
+    if isinstance(record, dict) and isinstance(record.get("pid"), int) and processes.is_ours(record):
+        owners[record["pid"]] = SERVER
     for gpu in gpus:
         gpu["held_by"] = sorted({_owner(pid, owners) for pid in gpu.pop("pids")})
     status["gpus"] = gpus

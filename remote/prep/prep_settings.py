@@ -45,7 +45,7 @@ class PrepSettings:
         settings = typed(cls, config, "prep", PrepError)
         for name in ("max_length", "num_proc", "shard_size", "batch_size"):
             value = getattr(settings, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise PrepError(f"stages.prep.{name} must be a positive integer (got {value!r})")
         if settings.overlong not in OVERLONG:
             raise PrepError(f"stages.prep.overlong must be one of {', '.join(OVERLONG)} (got {settings.overlong!r})")

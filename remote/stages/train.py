@@ -270,7 +270,10 @@ def _resume_state(ctx: StageContext, draft, files: list[Path], settings: TrainSe
         # NOTE: one schedule over all chunks when the chunked route sized it (schedule_steps).
         schedule = saved.schedule if driver.get("schedule_steps") else {}
         return resume.TrainState(step=saved.step, optimizer=saved.optimizer, schedule=schedule, data=data)
-    progress.note(f"resuming at epoch {saved.epoch + 1}, batch {saved.position}, step {saved.step}")
+    if saved.epoch >= settings.epochs:  # run again after it finished (a second `inv demo`): nothing to train
+        progress.note(f"trained before: {settings.epochs} epochs, {saved.step} steps; the saved draft stands")
+    else:
+        progress.note(f"resuming at epoch {saved.epoch + 1}, batch {saved.position}, step {saved.step}")
     done = len(files) if saved.epoch > 0 else min(len(files), saved.position * settings.batch_size)
     if done:
         progress.written(done)
