@@ -336,10 +336,11 @@ def _alike(bad: list[Job]) -> list[Job]:
         message = job.get("message") or f"exit {job.get('exit_code')}"
         if len(job["dataset"]) > 1:  # a one-letter name would match inside words
             message = message.replace(job["dataset"], "*")
-        key = (job.get("host", ""), job["stage"], job["state"], NUMBER.sub("N", message))
+        # NOTE: the exit code is no number that merely differs: exit 1 and exit 2 are two failures.
+        key = (job.get("host", ""), job["stage"], job["state"], job.get("exit_code"), NUMBER.sub("N", message))
         groups.setdefault(key, []).append((job, message))
     rows = []
-    for (host, stage, state, _), members in groups.items():
+    for (host, stage, state, _, _), members in groups.items():
         if len(members) == 1:
             rows.append(members[0][0])
             continue

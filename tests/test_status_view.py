@@ -255,6 +255,15 @@ def test_a_thousand_datasets_that_failed_alike_are_one_row_with_a_count() -> Non
     assert lines[-1] == "1000 jobs: 1000 empty"
 
 
+def test_failures_with_different_exit_codes_are_never_folded_into_one_row() -> None:
+    jobs = [job(dataset=f"D{i}", state="failed", exit_code=code, ended_at=NOW - 1, message=f"exit {code}: line {i}")
+            for i, code in enumerate((1, 1, 2))]
+    out = render({"now": NOW, "current_release": None, "jobs": jobs}, width=120, height=24, fit=True)
+    rows = [line.split()[:4] for line in out.splitlines() if line.startswith(("2 datasets", "D2 "))]
+    assert rows == [["2", "datasets", "prep", "failed"], ["D2", "prep", "failed", "0"]]
+    assert "exit 1: line N" in out and "exit 2: line 2" in out
+
+
 def test_a_thousand_different_errors_fit_the_screen_with_a_row_that_counts_the_rest() -> None:
     out = render(bad_jobs(1000, alike=False), width=80, height=24, fit=True)
     lines = out.splitlines()
