@@ -389,6 +389,11 @@ def test_the_same_release_deployed_again_within_its_second_is_kept_and_made_live
     refused = _apply(agent, tmp_path, "20261201-000000-aaaa", {"remote/a.py": b"A = 3\n"})
     assert refused["code"] == 1 and "exists with other files" in refused["error"]
     assert (tmp_path / "current" / "remote" / "a.py").read_bytes() == b"A = 1\n"
+    # A release torn by a prune killed halfway (its manifest gone) is replaced, not taken for this one.
+    torn = tmp_path / "releases" / "20261201-000000-bbbb"
+    (torn / ".aerie-release.json").unlink()
+    assert _apply(agent, tmp_path, "20261201-000000-bbbb", theirs)["code"] == 0
+    assert (tmp_path / "current" / "remote" / "a.py").read_bytes() == b"A = 2\n"
 
 
 def test_the_logs_end_line_is_written_before_the_end_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

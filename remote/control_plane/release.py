@@ -103,11 +103,17 @@ def settle(incoming, target, files):
     the second, after another checkout's deploy switched away from it, finds its own release.
     """
     if os.path.isdir(target):
-        with open(os.path.join(target, MANIFEST)) as handle:
-            if json.load(handle).get("files") != files:
-                raise RuntimeError("release %s exists with other files: deploy again" % os.path.basename(target))
-        shutil.rmtree(incoming)
-        return
+        try:
+            with open(os.path.join(target, MANIFEST)) as handle:
+                kept = json.load(handle).get("files")
+        except (OSError, ValueError, AttributeError):
+            kept = None  # torn: a prune killed halfway through removing it; never current, so replaced
+        if kept == files:
+            shutil.rmtree(incoming)
+            return
+        if kept is not None:
+            raise RuntimeError("release %s exists with other files: deploy again" % os.path.basename(target))
+        shutil.rmtree(target)
     os.rename(incoming, target)
 
 
