@@ -320,6 +320,9 @@ class Inventory(InventoryQueries, Strict):
                 load[placed[ds]] += 1
         return {ds: placed[ds] for ds in self.datasets}
 
+    def stage_names(self) -> list[str]:
+        return list(Stages.model_fields)
+
     def per_host_views(self) -> dict[str, "Inventory"]:
         assignment = self.assignment()
         return {

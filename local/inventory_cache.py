@@ -97,6 +97,9 @@ class CachedInventory(InventoryQueries, Record):
     def slurm(self) -> Any:
         return SlurmResources(self.__getattr__("slurm"), self._derived["slurm"])
 
+    def stage_names(self) -> list[str]:
+        return list(self._data["stages"])
+
     def per_host_views(self) -> dict[str, Any]:
         return self._model().per_host_views()  # type: ignore[attr-defined]
 

@@ -13,8 +13,8 @@ from local.exceptions import AerieError
 
 
 class InventoryQueries:
-    """Mixed into both forms; they provide ``backend``, ``hosts``, ``datasets``, ``stages``, ``path``
-    and `per_host_views`."""
+    """Mixed into both forms; they provide ``backend``, ``hosts``, ``datasets``, ``stages``, ``path``,
+    `stage_names` and `per_host_views`."""
 
     __slots__ = ()
 
@@ -34,9 +34,13 @@ class InventoryQueries:
     def per_host_views(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def stage_names(self) -> list[str]:
+        raise NotImplementedError
+
     def stage(self, name: str) -> Any:
         """A stage's settings; an unknown name is an error."""
-        known = list(self.stages.model_dump())  # type: ignore[attr-defined]
+        # NOTE: the names, not a dump of every stage: `inv run` asks once per job, thousands of times.
+        known = self.stage_names()
         if name not in known:
             raise AerieError(f"unknown stage {name!r}: expected one of {', '.join(known)}")
         return getattr(self.stages, name)  # type: ignore[attr-defined]
