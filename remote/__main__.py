@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from remote.control_plane import eta, executors, gpus, jobs, layout
+from remote.control_plane import eta, executors, gpus, jobs, layout, logfile
 from remote.control_plane.states import BAD, DRAFT, JobState
 from remote.control_plane.store import BrokenJob, HostError, JobStore
 from remote.control_plane.wire import emit
@@ -221,7 +221,6 @@ def logs(args: dict[str, Any]) -> None:
         if not args.get("follow") or state.is_terminal():
             raise HostError(f"{layout.key_of(directory)} has no log yet (it is {state.value})")
         time.sleep(0.25)
-    from remote.control_plane import logfile
 
     # NOTE: read from the end, a block at a time: a log may be far larger than the host's memory, and a
     # line longer than logfile.LINE_LIMIT (a progress bar without newlines) keeps only its end.

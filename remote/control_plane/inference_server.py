@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from remote.control_plane import processes
-from remote.control_plane.logfile import tail
+from remote.control_plane.logfile import last_line
 from remote.control_plane.progress import write_json_atomic
 
 
@@ -143,8 +143,7 @@ def _last_line(log_path: Path | None) -> str:
         return "(no log)"
     if not log_path.is_file():
         return f"(no log at {log_path})"
-    lines = [line for line in tail(log_path).splitlines() if line.strip()]  # a server's log can be long
-    return lines[-1][:300] if lines else f"(empty log {log_path})"
+    return last_line(log_path, 300) or f"(empty log {log_path})"  # read from the end: a server's log can be long
 
 
 class ManagedServer:
