@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from remote import sizing
-from remote.control_plane import inference_server
+from remote.control_plane import inference_server, layout
 from remote.eagle3 import server_check
-from remote.control_plane import layout
 
 # NOTE: tiktoken is what Kimi-K2.5's own tokenizer (trust_remote_code) is built on.
 PACKAGES = ("datasets", "transformers", "tokenizers", "tiktoken", "torch", "pyarrow", "safetensors")

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.harness.sshd import free_port
-from remote.control_plane import processes
-from remote.control_plane import inference_server
+from remote.control_plane import inference_server, processes
 from remote.eagle3 import server_check
 from tests.infer_fixtures import ScriptedServer
 

@@ -23,8 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from remote.control_plane import scratch
-from remote.control_plane import inference_server
+from remote.control_plane import inference_server, scratch
 from remote.control_plane.jobs import HEARTBEAT_SECONDS
 from remote.control_plane.logfile import SUPERVISOR_MARK, bounded, last_line, tail
 from remote.control_plane.layout import LOCK, LOG, PROGRESS, SERVER_LOG, SPEC, STATE, STOP

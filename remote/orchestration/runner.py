@@ -19,8 +19,7 @@ import sys
 import time
 from typing import Any
 
-from remote.control_plane import jobs, layout
-from remote.control_plane import inference_server
+from remote.control_plane import inference_server, jobs, layout
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.stages import StageContext
 from remote.control_plane.states import JobState

@@ -26,9 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from remote.control_plane import processes
 from remote import stages
-from remote.control_plane import inference_server
+from remote.control_plane import inference_server, processes
 from remote.eagle3 import StageInputError
 from remote.eval import prompt_source
 from remote.eval import reports
