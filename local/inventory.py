@@ -128,6 +128,9 @@ class Infer(Stage):
 
 
 class Extract(Stage):
+    engine: Literal["hf", "sglang"] = Field(
+        "hf", description="what computes the states: hf (transformers, in this process) or sglang (the serving "
+                          "engine, SpecForge's offline capture under torchrun; docs/hidden-states.md)")
     layers: list[int] = Field(default_factory=lambda: [2, 30, 58])
     batch_size: int = Field(1, ge=1)
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"

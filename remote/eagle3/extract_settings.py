@@ -14,11 +14,15 @@ from remote.eagle3 import StageInputError
 from remote.eagle3.extractor import DTYPES
 from remote.settings import typed
 
+ENGINES = ("hf", "sglang")
+
 
 @dataclass(frozen=True)
 class ExtractSettings:
     """What extract reads of ``stages.extract``; ``draft_config`` is read with train's (`remote.eagle3.draft_config`)."""
 
+    #: ``hf`` (transformers in this process) or ``sglang`` (the serving engine's capture).
+    engine: str
     #: Auxiliary layer ids as the draft's config gives them to SGLang (`remote.eagle3.layer_ids`).
     layers: list[int]
     #: The dtype the target runs and the states are stored in.
@@ -34,6 +38,8 @@ class ExtractSettings:
         settings = typed(cls, config, "extract", StageInputError)
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in settings.layers):
             raise StageInputError(f"stages.extract.layers {settings.layers!r}: expected a list of layer ids, e.g. [2, 30, 58]")
+        if settings.engine not in ENGINES:
+            raise StageInputError(f"stages.extract.engine {settings.engine!r}: expected one of {', '.join(ENGINES)}")
         if settings.dtype not in DTYPES:
             raise StageInputError(f"stages.extract.dtype {settings.dtype!r}: expected one of {', '.join(DTYPES)}")
         return settings
