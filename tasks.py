@@ -139,7 +139,7 @@ def check(c: Context, inventory: str | None = None) -> None:
         raise Exit(code=1)
 
 
-@task(name="eval", help={"inventory": INVENTORY, "json": "print the report as JSON (baseline, configs, best, warnings)"})
+@task(name="eval", help={"inventory": INVENTORY, "json": "print the report as JSON (baseline, drafts by name, ranking, best, serve, warnings)"})
 def evaluate(c: Context, inventory: str | None = None, json: bool = False) -> None:
     """Serve the target with SGLang without and with the draft per grid setting: accept length, speed-up, best flags."""
     from local import evaluation

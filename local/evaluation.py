@@ -28,6 +28,10 @@ if TYPE_CHECKING:  # the schema and rich load only when `inv eval` runs, not wit
 
 STAGE = "eval"
 KEY = layout.job_key(DRAFT, STAGE)
+#: The name of train's draft when ``stages.eval.drafts`` is unset.
+DEFAULT_DRAFT = "draft"
+#: The report's columns of words, aligned left (the numbers' are aligned right).
+WORDS = ("draft", "best setting")
 
 
 def spec(inventory: Inventory) -> dict[str, Any]:
@@ -40,7 +44,7 @@ def spec(inventory: Inventory) -> dict[str, Any]:
     stage = settings.model_dump(exclude={"command", "stall_after"})
     # The offline route's draft: the weights (`draft`) in draft/train's output on the host.
     trained = layout.output_dir(PurePosixPath(root), DRAFT, "train") / "draft"
-    stage.update(model=model, draft=settings.draft or str(trained))
+    stage.update(model=model, drafts=settings.drafts or {DEFAULT_DRAFT: str(trained)})
     return {
         "dataset": DRAFT, "stage": STAGE, "command": settings.command, "source": "", "kind": "native",
         "stall_after": settings.stall_after, "log_limit": settings.log_limit,
@@ -98,27 +102,74 @@ def follow(fetch: Callable[[], dict[str, Any]], say: Callable[[str], None], inte
 
 
 def show(report: dict[str, Any], console: Console) -> None:
-    """The table of settings against the baseline, the warnings, and the flags to serve with."""
-    from rich.table import Table
+    """Every draft's settings against the baseline, the drafts ranked with each one's flags, and which to serve."""
     from rich.text import Text
 
     report = visible_all(report)  # the host's words: shown, never obeyed (local/visible.py)
-    table = Table(title=f"draft {report.get('draft')} on {report.get('prompts')} held-out prompts, "
-                        f"{report.get('max_new_tokens')} new tokens each", title_justify="left")
-    for header in ("num_steps", "topk", "draft tokens", "accept length", "tok/s", "speed-up"):
-        table.add_column(header, justify="right")
-    table.add_row("-", "-", "-", "-", f"{report['baseline']['tokens_per_s']:.1f}", "1.00 (no speculation)")
-    best = report.get("best") or {}
-    for c in report["configs"]:
-        is_best = all(c[k] == best.get(k) for k in ("num_steps", "topk", "num_draft_tokens"))
-        speedup = "-" if c["speedup"] is None else f"{c['speedup']:.2f}"
-        style = "green" if is_best and (c["speedup"] or 0) >= 1 else "red" if (c["speedup"] or 0) < 1 else ""
-        table.add_row(str(c["num_steps"]), str(c["topk"]), str(c["num_draft_tokens"]),
-                      "-" if c["accept_length"] is None else f"{c['accept_length']:.2f}",
-                      f"{c['tokens_per_s']:.1f}", Text(speedup + (" (best)" if is_best else ""), style=style))
-    console.print(table)
+    console.print(settings_table(report))
+    console.print(ranking_table(report))
     for warning in report["warnings"]:
         console.print(Text.assemble(("WARNING: ", "bold red"), warning))
-    if best:
-        verdict = "fastest setting" if (best["speedup"] or 0) >= 1 else "fastest setting, still slower than none"
-        console.print(f"{verdict}: launch with\n  {shlex.join(best['flags'])}", markup=False)
+    for rank, name in enumerate(report["ranking"], 1):
+        console.print(f"{rank}. {name}: launch with\n  {shlex.join(report['drafts'][name]['best']['flags'])}",
+                      markup=False)
+    best, serve = report.get("best"), report.get("serve")
+    if serve:
+        console.print(Text(f"serve {serve}: speed-up {best['speedup']:.2f} over no draft "
+                           f"({best['tokens_per_s']:.1f} against {report['baseline']['tokens_per_s']:.1f} tok/s)",
+                           style="bold green"))
+    elif best:
+        console.print(Text(f"serve no draft: none beats the baseline ({report['baseline']['tokens_per_s']:.1f} tok/s); "
+                           f"the fastest, {best['draft']}, gives {best['tokens_per_s']:.1f} (speed-up "
+                           f"{best['speedup'] or 0:.2f})", style="bold red"))
+
+
+def ordered(report: dict[str, Any]) -> list[str]:
+    """The drafts, fastest first (those with no measured setting last)."""
+    return [*report["ranking"], *(name for name in report["drafts"] if name not in report["ranking"])]
+
+
+def settings_table(report: dict[str, Any]) -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    # NOTE: the host's strings go in as Text, never as markup.
+    table = Table(title=Text(f"{len(report['drafts'])} draft(s) on {report.get('prompts')} prompts, "
+                             f"{report.get('max_new_tokens')} new tokens each"), title_justify="left")
+    for header in ("draft", "num_steps", "topk", "draft tokens", "accept length", "tok/s", "speed-up"):
+        table.add_column(header, justify="left" if header in WORDS else "right")
+    table.add_row("(none)", "-", "-", "-", "-", f"{report['baseline']['tokens_per_s']:.1f}", "1.00 (no speculation)")
+    for name in ordered(report):
+        best = report["drafts"][name]["best"] or {}
+        for c in report["drafts"][name]["configs"]:
+            is_best = all(c[k] == best.get(k) for k in ("num_steps", "topk", "num_draft_tokens"))
+            table.add_row(Text(name), str(c["num_steps"]), str(c["topk"]), str(c["num_draft_tokens"]), accept_text(c),
+                          f"{c['tokens_per_s']:.1f}", speedup_text(c, " (best)" if is_best else ""))
+    return table
+
+
+def ranking_table(report: dict[str, Any]) -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="the drafts, fastest first (each at its best setting)", title_justify="left")
+    for header in ("rank", "draft", "accept length", "tok/s", "speed-up", "best setting"):
+        table.add_column(header, justify="left" if header in WORDS else "right")
+    for rank, name in enumerate(report["ranking"], 1):
+        c = report["drafts"][name]["best"]
+        setting = f"steps {c['num_steps']}, topk {c['topk']}, draft tokens {c['num_draft_tokens']}"
+        table.add_row(str(rank), Text(name), accept_text(c), f"{c['tokens_per_s']:.1f}",
+                      speedup_text(c, " (serve)" if name == report.get("serve") else ""), setting)
+    return table
+
+
+def accept_text(config: dict[str, Any]) -> str:
+    return "-" if config["accept_length"] is None else f"{config['accept_length']:.2f}"
+
+
+def speedup_text(config: dict[str, Any], mark: str) -> Any:
+    from rich.text import Text
+
+    speedup = config["speedup"]
+    style = "red" if (speedup or 0) <= 1 else "green" if mark else ""
+    return Text(("-" if speedup is None else f"{speedup:.2f}") + mark, style=style)

@@ -220,6 +220,10 @@ def default_grid() -> list[GridPoint]:
             GridPoint(num_steps=3, topk=4, num_draft_tokens=8)]
 
 
+#: The key of one draft that `stages.eval.drafts` replaced; an inventory that gives it is told so.
+REPLACED_BY_DRAFTS = "draft"
+
+
 class Eval(Stage):
     """`inv eval`: the target served by SGLang without and with the draft, per grid setting."""
 
@@ -230,13 +234,36 @@ class Eval(Stage):
     server_args: list[str] = Field(default_factory=list, description="more launch flags, e.g. ['--tp-size', '8']")
     server_env: dict[str, str] = Field(default_factory=dict)
     server_start_timeout: float = Field(1800.0, gt=0)
-    draft: str | None = Field(None, description="--speculative-draft-model-path; default: train's output")
+    drafts: dict[str, str] | None = Field(None, description="the drafts compared, by name: "
+                                          "{name: --speculative-draft-model-path on the host}; default: train's "
+                                          "output, named `draft`")
     grid: list[GridPoint] = Field(default_factory=default_grid, min_length=1)
     prompts: str | None = Field(None, description="JSONL of {text} or {input_ids} on the host; default: train's held-out records")
     num_prompts: int = Field(32, ge=1)
     max_new_tokens: int = Field(256, ge=1)
     concurrency: int = Field(1, ge=1)
     request_timeout: float = Field(600.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_way_to_name_a_draft(cls, data: Any) -> Any:
+        if isinstance(data, dict) and REPLACED_BY_DRAFTS in data:
+            raise ValueError("`draft` is now `drafts`, by name: write `drafts: {draft: PATH}` instead "
+                             "(and name more drafts there to compare them)")
+        return data
+
+    @field_validator("drafts")
+    @classmethod
+    def _draft_names(cls, drafts: dict[str, str] | None) -> dict[str, str] | None:
+        # A name becomes a key of the report and part of a log's file name, as a dataset's does.
+        if drafts == {}:
+            raise ValueError("name at least one draft, or leave `drafts` unset to compare train's own")
+        for name, path in (drafts or {}).items():
+            if not DATASET_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a draft name: use {DATASET_NAME_RULE} characters")
+            if not path.strip():
+                raise ValueError(f"{name}: the draft's path is empty")
+        return drafts
 
 
 class Stages(Strict):

@@ -139,8 +139,10 @@ def test_an_eval_reports_warnings_and_flags_are_shown_too() -> None:
 
     config = {"num_steps": 3, "topk": 1, "num_draft_tokens": 4, "accept_length": 2.5, "tokens_per_s": 120.0,
               "speedup": 1.2, "flags": ["--x", HOSTILE]}
-    report = {"draft": f"d{HOSTILE}", "prompts": 8, "max_new_tokens": 64, "baseline": {"tokens_per_s": 100.0},
-              "configs": [config], "best": config, "warnings": [f"server said {HOSTILE}"]}
+    report = {"prompts": 8, "max_new_tokens": 64, "baseline": {"tokens_per_s": 100.0},
+              "drafts": {f"d{HOSTILE}": {"path": f"/p{HOSTILE}", "configs": [config], "best": config}},
+              "ranking": [f"d{HOSTILE}"], "best": {**config, "draft": f"d{HOSTILE}"}, "serve": f"d{HOSTILE}",
+              "warnings": [f"server said {HOSTILE}"]}
     console = terminal(120)
     evaluation.show(report, console)
     assert_harmless(console.file.getvalue())  # type: ignore[attr-defined]

@@ -177,7 +177,7 @@ def test_the_workstations_settings_are_complete_for_the_host() -> None:
     assert InferSettings.from_config(complete("infer")).concurrency == Stages().infer.concurrency
     assert ExtractSettings.from_config(complete("extract")).layers == Stages().extract.layers
     assert TrainSettings.from_config(complete("train")).max_length == Stages().train.max_length
-    resolved = {"draft": "/r/data/draft/train/draft", "model": "/r/target"}  # as `inv eval` resolves them
+    resolved = {"drafts": {"draft": "/r/data/draft/train/draft"}, "model": "/r/target"}  # as `inv eval` resolves them
     assert EvalSettings.from_config(complete("eval", resolved)).num_prompts == Stages().eval.num_prompts
 
 
@@ -188,7 +188,7 @@ def test_values_are_given_their_types_once_in_the_class() -> None:
     assert TrainSettings.from_config(complete("train")).eval_records is None
     extract = ExtractSettings.from_config(complete("extract", {"batch_size": "4"}))
     assert extract.batch_size == 4
-    evaluation = EvalSettings.from_config(complete("eval", {"draft": "/d", "model": "/m", "port": "30200"}))
+    evaluation = EvalSettings.from_config(complete("eval", {"drafts": {"d": "/d"}, "model": "/m", "port": "30200"}))
     assert evaluation.port == 30200 and [s.num_draft_tokens for s in evaluation.grid] == [4, 6, 8]
 
 
@@ -204,8 +204,8 @@ def test_a_missing_setting_is_named_in_one_line() -> None:
     with pytest.raises(StageInputError, match=r"^stages\.extract\.dtype is missing from the job's settings"):
         ExtractSettings.from_config({k: v for k, v in complete("extract").items() if k != "dtype"})
     with pytest.raises(StageInputError, match=r"^stages\.eval\.port, grid are missing from the job's settings"):
-        EvalSettings.from_config({k: v for k, v in complete("eval", {"draft": "/d"}).items() if k not in ("port", "grid")})
-    with pytest.raises(StageInputError, match=r"^stages\.eval\.draft is unset"):
+        EvalSettings.from_config({k: v for k, v in complete("eval", {"drafts": {"d": "/d"}}).items() if k not in ("port", "grid")})
+    with pytest.raises(StageInputError, match=r"^stages\.eval\.drafts is unset"):
         EvalSettings.from_config(complete("eval"))
 
 

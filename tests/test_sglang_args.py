@@ -22,7 +22,7 @@ from remote.eagle3 import server_check
 from remote.eagle3 import checkpoint, draft_config
 from remote.eagle3.model import Eagle3Draft
 from remote.eagle3.target import read_config
-from remote.eval.eval_settings import EvalSettings, Setting
+from remote.eval.eval_settings import BASELINE, EvalSettings, Server, Setting
 from remote.eval.sglang import SPECULATIVE_MAX_RUNNING, batching_warnings, launch_argv, launch_command
 from tests.pipeline_fixtures import kimi_target, tiny_target
 from tests.sglang_real import sglang
@@ -51,31 +51,43 @@ def write_draft(target: Path, directory: Path) -> Path:
     return checkpoint.save(model, directory)
 
 
-def eval_settings(target: Path, draft: Path, server_args: list[str]) -> EvalSettings:
+def eval_settings(target: Path, draft: Path, server_args: list[str], more: dict[str, Path] | None = None) -> EvalSettings:
+    drafts = {"draft": str(draft), **{name: str(path) for name, path in (more or {}).items()}}
     return EvalSettings.from_config(complete("eval", {"launcher": "{python} -m sglang.launch_server", "model": str(target),
-                                                      "port": 30100, "server_args": server_args, "draft": str(draft)}))
+                                                      "port": 30100, "server_args": server_args, "drafts": drafts}))
 
 
 def grid() -> list[Setting]:
     return [Setting.of(point.model_dump()) for point in default_grid()]
 
 
-def test_every_server_inv_eval_starts_resolves_in_sglang_as_aerie_means_it(sglang, tiny_target: Path, draft: Path) -> None:
-    settings = eval_settings(tiny_target, draft, ["--device", "cpu"])
-    for setting in [None, *grid()]:
-        argv = launch_argv(settings, setting)
-        assert shlex.split(launch_command(settings, setting))[-len(argv):] == argv
+def draft_server(settings: EvalSettings, setting: Setting) -> Server:
+    """`setting` serving the settings' first draft."""
+    name, path = next(iter(settings.drafts.items()))
+    return Server(name, path, setting)
+
+
+def test_every_server_inv_eval_starts_resolves_in_sglang_as_aerie_means_it(
+        sglang, tiny_target: Path, draft: Path, tmp_path: Path) -> None:
+    second = write_draft(tiny_target, tmp_path / "second")
+    settings = eval_settings(tiny_target, draft, ["--device", "cpu"], {"second": second})
+    servers = settings.servers()
+    assert len(servers) == 1 + 2 * len(grid())  # the baseline, then both drafts with every setting
+    for server in servers:
+        argv = launch_argv(settings, server)
+        assert shlex.split(launch_command(settings, server))[-len(argv):] == argv
         parsed, resolved = sglang.call("parse", argv), sglang.call("resolve", argv)
         for answer in (parsed, resolved):
             args = answer["args"]
             assert (args["model_path"], args["host"], args["port"]) == (str(tiny_target), "127.0.0.1", 30100)
             # The same cap on the baseline and on every speculative server.
             assert args["max_running_requests"] == SPECULATIVE_MAX_RUNNING
-            if setting is None:
+            if server.setting is None:
                 assert args["speculative_algorithm"] is None
             else:
-                # SGLang keeps each grid point as given: nothing is silently rewritten.
-                assert (args["speculative_algorithm"], args["speculative_draft_model_path"]) == ("EAGLE3", str(draft))
+                # SGLang keeps each grid point as given, and serves the draft named: nothing is silently rewritten.
+                setting = server.setting
+                assert (args["speculative_algorithm"], args["speculative_draft_model_path"]) == ("EAGLE3", server.path)
                 assert (args["speculative_num_steps"], args["speculative_eagle_topk"], args["speculative_num_draft_tokens"]) \
                     == (setting.num_steps, setting.topk, setting.num_draft_tokens)
 
@@ -86,13 +98,13 @@ def test_without_aeries_flag_sglang_would_cap_only_the_speculative_servers(sglan
     assert sglang.call("resolve", base + grid()[0].flags(str(draft)))["args"]["max_running_requests"] == 48
     # The user's own value is kept, on every server.
     settings = eval_settings(tiny_target, draft, ["--device", "cpu", "--max-running-requests", "16"])
-    for setting in (None, grid()[0]):
-        assert sglang.call("resolve", launch_argv(settings, setting))["args"]["max_running_requests"] == 16
+    for server in (BASELINE, draft_server(settings, grid()[0])):
+        assert sglang.call("resolve", launch_argv(settings, server))["args"]["max_running_requests"] == 16
 
 
 def test_a_config_file_is_passed_through_with_a_warning(tiny_target: Path, draft: Path) -> None:
     settings = eval_settings(tiny_target, draft, ["--config", "/etc/sglang.yaml"])
-    assert "--max-running-requests" not in launch_argv(settings, None)
+    assert "--max-running-requests" not in launch_argv(settings, BASELINE)
     [warning] = batching_warnings(settings)
     assert "caps the speculative servers at 48" in warning
 
@@ -161,10 +173,11 @@ def test_the_standin_server_refuses_what_sglang_refuses(sglang, mistake: str, ti
 
 
 def test_the_standin_takes_every_command_inv_eval_builds_and_reads_it_as_sglang_does(
-        sglang, tiny_target: Path, draft: Path) -> None:
-    settings = eval_settings(tiny_target, draft, ["--device", "cpu", "--tp-size", "1"])
-    for setting in [None, *grid()]:
-        argv = launch_argv(settings, setting)
+        sglang, tiny_target: Path, draft: Path, tmp_path: Path) -> None:
+    second = write_draft(tiny_target, tmp_path / "second")
+    settings = eval_settings(tiny_target, draft, ["--device", "cpu", "--tp-size", "1"], {"second": second})
+    for server in settings.servers():
+        argv = launch_argv(settings, server)
         real = sglang.call("parse", argv)
         ours = vars(sglang_standin.parse(argv))
         assert set(ours) <= set(real["names"])  # the stand-in knows no flag SGLang lacks

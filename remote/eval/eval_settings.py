@@ -1,7 +1,7 @@
 """The eval stage's settings (``stages.eval``), typed once from the stage's JSON config.
 
 Declared, with their defaults and docs, in `local.inventory.Eval` alone: the
-workstation sends every one, ``draft`` and ``model`` resolved (remote/settings.py).
+workstation sends every one, ``drafts`` and ``model`` resolved (remote/settings.py).
 """
 
 from __future__ import annotations
@@ -37,6 +37,32 @@ class Setting:
     def label(self) -> str:
         return f"steps {self.num_steps}, topk {self.topk}, draft tokens {self.num_draft_tokens}"
 
+    def slug(self) -> str:
+        return f"s{self.num_steps}-k{self.topk}-d{self.num_draft_tokens}"
+
+
+@dataclass(frozen=True)
+class Server:
+    """One server of the comparison: the baseline (no draft), or one named draft with one grid setting."""
+
+    #: The draft's name (a key of ``stages.eval.drafts``); None: the baseline.
+    draft: str | None = None
+    path: str | None = None
+    setting: Setting | None = None
+
+    def flags(self) -> list[str]:
+        """The speculative flags of this server; none for the baseline."""
+        return self.setting.flags(self.path) if self.setting and self.path else []
+
+    def label(self) -> str:
+        return f"{self.draft}, {self.setting.label()}" if self.setting else "no speculation"
+
+    def slug(self) -> str:
+        """A file-name part: draft names are checked on the workstation as dataset names are."""
+        return f"{self.draft}-{self.setting.slug()}" if self.setting else "baseline"
+
+
+BASELINE = Server()
 
 
 @dataclass(frozen=True)
@@ -53,8 +79,9 @@ class EvalSettings:
     server_env: dict[str, str]
     #: Seconds a server may take to answer /health.
     server_start_timeout: float
-    #: --speculative-draft-model-path (the workstation resolves an unset one to train's output).
-    draft: str
+    #: The drafts compared, by name: their --speculative-draft-model-path (the workstation resolves
+    #: an unset one to train's output, named ``draft``).
+    drafts: dict[str, str]
     #: The speculative settings tried, each against the same baseline.
     grid: list[Setting]
     #: JSONL of prompts on the host; unset: train's held-out records.
@@ -69,8 +96,12 @@ class EvalSettings:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "EvalSettings":
         """The settings with their types; one line naming a missing key, or the draft when it is unset."""
-        settings = typed(cls, config, "eval", StageInputError)
-        if not settings.draft:
-            raise StageInputError("stages.eval.draft is unset: run the evaluation with `inv eval`, "
+        if "drafts" in config and not config["drafts"]:
+            raise StageInputError("stages.eval.drafts is unset: run the evaluation with `inv eval`, "
                                   "which resolves it to train's output")
+        settings = typed(cls, config, "eval", StageInputError)
         return dataclasses.replace(settings, grid=[Setting.of(entry) for entry in settings.grid])
+
+    def servers(self) -> list[Server]:
+        """Every server of the comparison, in order: the baseline once, then each draft with each grid setting."""
+        return [BASELINE, *(Server(name, path, setting) for name, path in self.drafts.items() for setting in self.grid)]

@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from remote.eval.eval_settings import EvalSettings, Setting
+from remote.eval.eval_settings import EvalSettings, Server
 
 #: SGLang's --max-running-requests for a speculative server that does not set it.
 SPECULATIVE_MAX_RUNNING = 48
@@ -69,19 +69,16 @@ def batching_warnings(settings: EvalSettings) -> list[str]:
     return []
 
 
-def launch_argv(settings: EvalSettings, setting: Setting | None) -> list[str]:
-    """The server's arguments (after the launcher): the target, with `setting`'s speculation or none."""
-    argv = ["--model-path", settings.model, "--host", "127.0.0.1", "--port", str(settings.port),
-            *server_args(settings)]
-    if setting is not None:
-        argv += setting.flags(settings.draft)
-    return argv
+def launch_argv(settings: EvalSettings, server: Server) -> list[str]:
+    """The server's arguments (after the launcher): the target, with `server`'s draft and setting or none."""
+    return ["--model-path", settings.model, "--host", "127.0.0.1", "--port", str(settings.port),
+            *server_args(settings), *server.flags()]
 
 
-def launch_command(settings: EvalSettings, setting: Setting | None) -> str:
-    """The shell command that starts the target (with `setting`'s speculation, or none)."""
+def launch_command(settings: EvalSettings, server: Server) -> str:
+    """The shell command that starts the target (with `server`'s speculation, or none)."""
     launcher = settings.launcher  # `{python} -m sglang.launch_server` unless the inventory says otherwise
-    return launcher.replace("{python}", shlex.quote(sys.executable)) + " " + shlex.join(launch_argv(settings, setting))
+    return launcher.replace("{python}", shlex.quote(sys.executable)) + " " + shlex.join(launch_argv(settings, server))
 
 
 @dataclass

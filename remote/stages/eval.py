@@ -1,21 +1,25 @@
-"""The eval stage (`inv eval`, job ``draft/eval``): the draft measured on SGLang as it will be served.
+"""The eval stage (`inv eval`, job ``draft/eval``): the drafts measured on SGLang as they will be served.
 
-It starts the target with SGLang once without speculation and once per
-setting of ``stages.eval.grid`` with the draft (``--speculative-algorithm
-EAGLE3``), sends the same held-out prompts through ``/generate`` (greedy, a
-fixed ``max_new_tokens``), and reports per setting the acceptance length
-(Σ completion_tokens / Σ spec_verify_ct), the output tokens per second and
-the speed-up against the run without speculation (`remote.eval.reports`).
+It starts the target with SGLang once without speculation, then once per
+draft of ``stages.eval.drafts`` and setting of ``stages.eval.grid``
+(``--speculative-algorithm EAGLE3``), sends the same held-out prompts through
+``/generate`` (greedy, a fixed ``max_new_tokens``) to each, and reports per
+draft and setting the acceptance length (Σ completion_tokens / Σ
+spec_verify_ct), the output tokens per second and the speed-up against the
+run without speculation; the drafts ranked, and the one to serve, if any beats
+the baseline (`remote.eval.reports`).
 
 Settings (``stages.eval``, complete from the workstation): those of
-`remote.eval.eval_settings.EvalSettings`.
+`remote.eval.eval_settings.EvalSettings`. Every draft is checked before the
+first server starts, so a bad path is one line naming it, not a server that
+dies an hour in.
 
 Only one server runs at a time, and it is always stopped: after each setting,
 on failure, and on ``inv stop`` (SIGTERM). One left by a stage that was killed
 outright is stopped by the next run (``server.json``).
 
-Output: ``$AERIE_OUTPUT/report.json``, the same as ``eval.json`` beside the
-draft, and ``server-*.log``.
+Output: ``$AERIE_OUTPUT/report.json`` (the same as ``eval.json`` beside train's
+draft when it is one of those compared), and ``server-*.log``.
 """
 
 from __future__ import annotations
@@ -27,11 +31,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from remote import stages
-from remote.control_plane import inference_server, processes
+from remote.control_plane import inference_server, layout, processes
 from remote.eagle3 import StageInputError
 from remote.eval import prompt_source
 from remote.eval import reports
-from remote.eval.eval_settings import EvalSettings, Setting
+from remote.eval.eval_settings import EvalSettings, Server, Setting
 from remote.eval.sglang import (GenerateError, Measurement, batching_warnings, launch_command, measure,
                                 server_args)
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
@@ -52,50 +56,98 @@ class Stopped(Exception):
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     settings = EvalSettings.from_config(ctx.stage_config)
-    draft = Path(settings.draft)
-    if not (draft / "config.json").is_file():
-        raise StageInputError(f"no draft at {draft} (no config.json): train first, or set stages.eval.draft")
-    grid = settings.grid
-    if settings.prompts:
-        prompts = prompt_source.from_file(Path(settings.prompts), settings.num_prompts)
-    else:
-        prompts = prompt_source.from_training(draft.parent, settings.num_prompts)
+    check_drafts(settings.drafts, trained_draft(ctx))
+    prompts = read_prompts(ctx, settings)
+    servers = settings.servers()
+    progress.expect(len(servers))  # the baseline and every draft x setting: `inv status` counts them down
     stop_leftover_server(ctx.output / "server.json")
     signal.signal(signal.SIGTERM, _on_term)
-    print(f"eval: {len(prompts)} prompts, {settings.max_new_tokens} new tokens each, "
-          f"{settings.concurrency} at a time; {len(grid)} settings and a baseline", flush=True)
+    print(f"eval: {len(prompts)} prompts, {settings.max_new_tokens} new tokens each, {settings.concurrency} at a "
+          f"time; a baseline, then {len(settings.drafts)} drafts x {len(settings.grid)} settings", flush=True)
 
-    baseline = measure_on_server(ctx, settings, None, prompts, progress)
-    results = []
-    for setting in grid:
-        results.append((setting, measure_on_server(ctx, settings, setting, prompts, progress)))
-    report = reports.build(baseline, results, str(draft), server_args(settings), {
+    baseline = measure_on_server(ctx, settings, servers[0], prompts, progress)
+    results = [(server, measure_on_server(ctx, settings, server, prompts, progress)) for server in servers[1:]]
+    report = reports.build(baseline, results, server_args(settings), {
         "prompts": len(prompts), "max_new_tokens": settings.max_new_tokens,
         "concurrency": settings.concurrency, "release": ctx.release,
     })
     report["warnings"] += batching_warnings(settings)
-    write_json_atomic(ctx.output / "report.json", report)
-    try:
-        write_json_atomic(draft.parent / REPORT_BESIDE_DRAFT, report)
-    except OSError as exc:
-        report["warnings"].append(f"could not write {draft.parent / REPORT_BESIDE_DRAFT}: {exc}")
-        write_json_atomic(ctx.output / "report.json", report)
+    write_report(ctx, settings, report)
     best = report["best"] or {}
     progress.metrics(baseline_tokens_per_s=report["baseline"]["tokens_per_s"],
                      best_speedup=best.get("speedup"), best_accept_length=best.get("accept_length"))
-    progress.note("; ".join(report["warnings"]) or f"best: {Setting.of(best).label()}, speed-up {best.get('speedup')}")
+    progress.note("; ".join([verdict(report), *report["warnings"]]))
     for line in report["warnings"]:
         print(f"WARNING: {line}", flush=True)
+    print(f"eval: {verdict(report)}", flush=True)
     return report
 
 
-def measure_on_server(ctx: StageContext, settings: EvalSettings, setting: Setting | None,
+def trained_draft(ctx: StageContext) -> Path:
+    """Where train writes its draft (the default of ``stages.eval.drafts``)."""
+    return layout.stage_output(ctx.data, "train") / "draft"
+
+
+def check_drafts(drafts: dict[str, str], trained: Path) -> None:
+    """Every draft is an SGLang draft directory (its config.json an object), or one line naming each that is not."""
+    problems = []
+    for name, path in drafts.items():
+        why = draft_problem(Path(path))
+        if why:
+            fix = "train first, or set stages.eval.drafts" if Path(path) == trained else f"fix stages.eval.drafts.{name}"
+            problems.append(f"draft {name!r}: no draft at {path} ({why}): {fix}")
+    if problems:
+        raise StageInputError("; ".join(problems))
+
+
+def draft_problem(path: Path) -> str | None:
+    """What keeps SGLang from loading `path` as a draft, checked here in a second rather than by a server."""
+    if not path.is_dir():
+        return "no such directory"
+    if not (path / "config.json").is_file():
+        return "no config.json"
+    try:
+        config = read_json(path / "config.json", None)
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"its config.json cannot be read: {exc}"
+    return None if isinstance(config, dict) else "its config.json is not a JSON object"
+
+
+def read_prompts(ctx: StageContext, settings: EvalSettings) -> list[dict[str, Any]]:
+    if settings.prompts:
+        return prompt_source.from_file(Path(settings.prompts), settings.num_prompts)
+    return prompt_source.from_training(trained_draft(ctx).parent, settings.num_prompts)
+
+
+def write_report(ctx: StageContext, settings: EvalSettings, report: dict[str, Any]) -> None:
+    """report.json, and eval.json beside train's draft when it is one of the drafts compared."""
+    write_json_atomic(ctx.output / "report.json", report)
+    trained = trained_draft(ctx)
+    if trained not in {Path(path) for path in settings.drafts.values()}:
+        return
+    try:
+        write_json_atomic(trained.parent / REPORT_BESIDE_DRAFT, report)
+    except OSError as exc:
+        report["warnings"].append(f"could not write {trained.parent / REPORT_BESIDE_DRAFT}: {exc}")
+        write_json_atomic(ctx.output / "report.json", report)
+
+
+def verdict(report: dict[str, Any]) -> str:
+    """The one line of what to serve."""
+    best = report["best"]
+    if best is None:
+        return "no draft was measured"
+    at = f"{best['draft']} with {Setting.of(best).label()}, speed-up {best['speedup']}"
+    return f"serve {at}" if report["serve"] else f"serve no draft: none beats the baseline (the fastest: {at})"
+
+
+def measure_on_server(ctx: StageContext, settings: EvalSettings, server: Server,
                       prompts: list[dict[str, Any]], progress: Progress) -> Measurement:
-    name = setting.label() if setting else "no speculation"
-    slug = f"s{setting.num_steps}-k{setting.topk}-d{setting.num_draft_tokens}" if setting else "baseline"
-    command = launch_command(settings, setting)
+    name = server.label()
+    command = launch_command(settings, server)
     url = f"http://127.0.0.1:{settings.port}"
-    with running(command, ctx.output / f"server-{slug}.log", ctx.output / "server.json", url, settings, progress, name):
+    log = ctx.output / f"server-{server.slug()}.log"
+    with running(command, log, ctx.output / "server.json", url, settings, progress, name):
         progress.note(f"{name}: sending {len(prompts)} prompts")
         # NOTE: one short request first, untimed: the first pass through a fresh server pays for warm-up.
         measure(url, prompts[:1], 8, 1, settings.request_timeout)

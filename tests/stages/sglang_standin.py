@@ -13,7 +13,9 @@ running requests unless told otherwise (``/server_info``'s
 The model, from the environment (which `stages.eval.server_env` sets, so a
 missing variable also shows that the settings did not reach the server):
 
-- ``STANDIN_ACCEPT`` (required): the chance that one draft token is accepted.
+- ``STANDIN_ACCEPT`` (required): the chance that one draft token is accepted;
+  a draft whose ``config.json`` has ``standin_accept`` has that chance instead
+  (so the drafts `inv eval` compares can differ, as real ones do).
   With top-k ``k`` a step is accepted with ``a = 1 - (1 - accept)**k``; with
   ``--speculative-algorithm EAGLE`` the draft gets the wrong states: ``a = 0``.
 - A request asks for ``n`` tokens and gets ``n``; with speculation it takes
@@ -81,8 +83,11 @@ def main(argv: list[str]) -> None:
     token_seconds = float(os.environ.get("STANDIN_TOKEN_SECONDS", "0.01"))
     draft_cost = float(os.environ.get("STANDIN_DRAFT_COST", "0.2"))
     speculative = args.speculative_algorithm is not None
-    if speculative and not (Path(args.speculative_draft_model_path or "") / "config.json").is_file():
-        sys.exit(f"stand-in: no draft config.json in {args.speculative_draft_model_path}")
+    if speculative:
+        draft_config = Path(args.speculative_draft_model_path or "") / "config.json"
+        if not draft_config.is_file():
+            sys.exit(f"stand-in: no draft config.json in {args.speculative_draft_model_path}")
+        accept = float(json.loads(draft_config.read_text()).get("standin_accept", accept))
     journal = os.environ.get("STANDIN_JOURNAL")
     cap = args.max_running_requests or (48 if speculative else None)  # SGLang's speculative_hook.py
     info = {"model_path": args.model_path, "port": args.port, "tp_size": args.tp_size, "max_running_requests": cap,
@@ -115,7 +120,8 @@ def main(argv: list[str]) -> None:
             if journal:
                 with open(journal, "a") as handle:
                     handle.write(json.dumps({"port": args.port, "algorithm": args.speculative_algorithm,
-                                             "num_steps": args.speculative_num_steps, "prompt": body.get("input_ids") or body.get("text"),
+                                             "num_steps": args.speculative_num_steps, "draft": args.speculative_draft_model_path,
+                                             "max_running_requests": cap, "prompt": body.get("input_ids") or body.get("text"),
                                              "max_new_tokens": tokens, "temperature": body["sampling_params"].get("temperature")}) + "\n")
             self.send_json(200, {"text": "x " * tokens, "meta_info": meta})
 
