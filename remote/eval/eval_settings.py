@@ -95,7 +95,7 @@ class EvalSettings:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "EvalSettings":
-        """The settings with their types; one line naming a missing key, or the draft when it is unset."""
+        """The settings with their types; one line naming a missing key, or the drafts when they are unset."""
         if "drafts" in config and not config["drafts"]:
             raise StageInputError("stages.eval.drafts is unset: run the evaluation with `inv eval`, "
                                   "which resolves it to train's output")

@@ -22,7 +22,6 @@ from remote.eval.sglang import Measurement
 
 #: An acceptance length this close to 1.0 means the draft's tokens are (almost) never kept.
 UNUSED_BELOW = 1.1
-SETTING_KEYS = ("num_steps", "topk", "num_draft_tokens")
 
 
 def config_entry(setting: Setting, measured: Measurement, baseline: Measurement) -> dict[str, Any]:

@@ -63,7 +63,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     stop_leftover_server(ctx.output / "server.json")
     signal.signal(signal.SIGTERM, _on_term)
     print(f"eval: {len(prompts)} prompts, {settings.max_new_tokens} new tokens each, {settings.concurrency} at a "
-          f"time; a baseline, then {len(settings.drafts)} drafts x {len(settings.grid)} settings", flush=True)
+          f"time; a baseline, then {len(settings.drafts)} draft(s) x {len(settings.grid)} setting(s)", flush=True)
 
     baseline = measure_on_server(ctx, settings, servers[0], prompts, progress)
     results = [(server, measure_on_server(ctx, settings, server, prompts, progress)) for server in servers[1:]]
