@@ -78,7 +78,7 @@ def outcome(status: dict[str, Any]) -> str:
     """Why a run that has ended did not succeed, and what to do next ("" when nothing went bad)."""
     if not any_bad(status):
         return ""
-    bad = [j for j in status["jobs"] if JobState(j["state"]).is_bad()]
+    bad = [j for j in in_pipeline_order(status["jobs"]) if JobState(j["state"]).is_bad()]
     jobs = [j for j in bad if (j["dataset"], j["stage"]) != (RUNNER, RUNNER_STAGE)]
     bad = jobs or bad  # the runner failed because they did: name them, not it
     blocked = [_key(j) for j in bad if j["state"] == JobState.BLOCKED.value]
