@@ -40,10 +40,10 @@ def follow(fetch: Callable[[], dict[str, Any]], console: Console, title: str, in
             state = fetch()
             now = _states(state)
             changed = [job for job in in_pipeline_order(state["jobs"]) if seen.get(_key(job)) != job["state"]]
-            lines = [_line(job) for job in changed]
-            if clock() - said_at >= summary_every or (until(state) and changed):
+            lines, at = [_line(job) for job in changed], clock()
+            if at - said_at >= summary_every or (until(state) and changed):
                 lines.append(_summary(state))
-                said_at = clock()
+                said_at = at
             _print(console, lines)
             seen = now
     except KeyboardInterrupt:
