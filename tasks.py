@@ -61,11 +61,11 @@ def status(c: Context, inventory: str | None = None, json: bool = False, watch: 
         raise Exit(code=1)
 
 
-@task(help={"failed": "relaunch the failed, died, empty and stalled jobs (the default, and the only mode)",
+@task(help={"failed": "relaunch the failed, died, empty, stalled, broken and blocked jobs (the default, and the only mode)",
             "dataset": DATASET, "stage": "comma-separated stages; default: all", "inventory": INVENTORY})
 def rerun(c: Context, failed: bool = True, dataset: str | None = None, stage: str | None = None,
           inventory: str | None = None) -> None:
-    """Relaunch exactly the jobs that failed, died, came out empty or stalled, on the current release."""
+    """Relaunch exactly the jobs that failed, died, came out empty, stalled or were blocked behind them, on the current release."""
     with fleet(inventory_name(c, inventory)) as hosts:
         names, stages = hosts.inventory.select(control.split(dataset)) if dataset else None, control.split(stage)
         for one in stages or []:
