@@ -61,11 +61,11 @@ def status(c: Context, inventory: str | None = None, json: bool = False, watch: 
         raise Exit(code=1)
 
 
-@task(help={"failed": "relaunch the failed, died, empty and stalled jobs (the default, and the only mode)",
+@task(help={"failed": "relaunch the failed, died, empty, stalled, broken and blocked jobs (the default, and the only mode)",
             "dataset": DATASET, "stage": "comma-separated stages; default: all", "inventory": INVENTORY})
 def rerun(c: Context, failed: bool = True, dataset: str | None = None, stage: str | None = None,
           inventory: str | None = None) -> None:
-    """Relaunch exactly the jobs that failed, died, came out empty or stalled, on the current release."""
+    """Relaunch exactly the jobs that failed, died, came out empty, stalled or were blocked behind them, on the current release."""
     with fleet(inventory_name(c, inventory)) as hosts:
         names, stages = hosts.inventory.select(control.split(dataset)) if dataset else None, control.split(stage)
         for one in stages or []:
@@ -94,6 +94,7 @@ def stop(c: Context, dataset: str | None = None, all: bool = False, stage: str |
         raise Exit("aerie: name the datasets to stop (inv stop -d A1,B5) or pass --all", code=2)
     with fleet(inventory_name(c, inventory)) as hosts:
         names, stages = control.split(dataset), control.split(stage)
+        control.refuse_unknown(hosts.inventory, names)  # as launch and logs do, before anything is stopped
         hosts.raise_failures(hosts.each(lambda host, out: control.stop(host, out, names, stages), console()))
 
 
@@ -105,7 +106,7 @@ def trust(c: Context, inventory: str | None = None, fingerprint: str | None = No
         control.trust(view, console(), fingerprint, yes)
 
 
-@task(help={"dataset": DATASET, "inventory": INVENTORY, "follow": "show the table until the pipeline ends"})
+@task(help={"dataset": DATASET, "inventory": INVENTORY, "follow": "show the table (without a terminal: a line per change) until the pipeline ends; exit 1 unless it succeeded"})
 def run(c: Context, dataset: str | None = None, inventory: str | None = None, follow: bool = False) -> None:
     """Start the whole pipeline (prep, infer, tokenize, extract, train) under a runner on each host."""
     with fleet(inventory_name(c, inventory)) as hosts:
@@ -116,8 +117,9 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
         hosts.raise_failures(routes)
         hosts.raise_failures(hosts.each(lambda host, out: control.run(host, out, names, routes[hosts.name_of(host)]),
                                         console()))
-        if follow and any_bad(control.follow(hosts.status, console(), hosts.title)):
-            raise Exit(code=1)
+        ended = control.follow(hosts.status, console(), hosts.title) if follow else None
+    if ended is not None and any_bad(ended):  # blocked jobs and their failures, and what to do next
+        raise Exit(f"aerie: {control.outcome(ended)}", code=1)
 
 
 @task(help={"inventory": INVENTORY, "json": "print the figures as JSON"})

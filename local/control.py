@@ -98,7 +98,7 @@ def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages
     relaunched = [r for r in results if r["launched"]]
     report(console, relaunched, "relaunched")
     if not relaunched:
-        console.print("Nothing to rerun: no job is failed, died, empty or stalled.")
+        console.print(f"Nothing to rerun: no job is {', '.join(sorted(s.value for s in BAD))}.")
     return relaunched
 
 
@@ -123,13 +123,17 @@ def run(host: RemoteHost, console: Console, datasets: list[str] | None, route: s
 
 
 def refresh(fetch: Callable[[], dict[str, Any]], console: Console, title: str, interval: float,
-            until: Callable[[dict[str, Any]], bool] = lambda state: False) -> dict[str, Any]:
+            until: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
     """The live table (`--watch`, `--follow`, the demo): fetched and redrawn every `interval` seconds
-    until `until(state)` or Ctrl-C; the last state, whose frame stays on the screen."""
+    until `until(state)` (None: never, on a terminal) or Ctrl-C; the last state, whose frame stays on
+    the screen. Without a terminal, a line per change of state instead, until the run ends."""
     from rich.live import Live
 
     from local import status_view
 
+    if not console.is_terminal:
+        return lines_until_ended(fetch, console, title, interval, until or _all_ended)
+    until = until or (lambda state: False)
     state = fetch()
     with Live(status_view.render(state, title=title, fit=True), console=console, auto_refresh=False) as live:
         try:
@@ -147,14 +151,29 @@ def follow(fetch: Callable[[], dict[str, Any]], console: Console, title: str, in
     return refresh(fetch, console, title, interval, until=_pipeline_ended)
 
 
+def outcome(state: dict[str, Any]) -> str:
+    """Why the run did not succeed and the next step, in one line shown as it is (names come from the host)."""
+    return visible(status_data.outcome(state))
+
+
+def lines_until_ended(fetch: Callable[[], dict[str, Any]], console: Console, title: str, interval: float,
+                      until: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The watch without a terminal (local/state_lines.py), then the whole table once, as `inv status` prints it."""
+    from local import state_lines, status_view
+
+    state = state_lines.follow(fetch, console, title, interval, until)
+    console.print(status_view.render(state, title=title))
+    return state
+
+
 def _pipeline_ended(state: dict[str, Any]) -> bool:
     runners = [j for j in state["jobs"] if (j["dataset"], j["stage"]) == (RUNNER, RUNNER_STAGE)]
-    return all(_settled(job) for job in runners or state["jobs"]) or bool(state.get("unreachable"))
+    return _all_ended({**state, "jobs": runners or state["jobs"]}) or bool(state.get("unreachable"))
 
 
-def _settled(job: dict[str, Any]) -> bool:
-    """Ended, or held for ever behind a failed job (only `inv rerun --failed` moves it)."""
-    return JobState(job["state"]).is_terminal() or bool(job.get("blocked_by"))
+def _all_ended(state: dict[str, Any]) -> bool:
+    """Nothing left to watch: every job has ended (a blocked one too: only `inv rerun --failed` moves it)."""
+    return all(JobState(job["state"]).is_terminal() for job in state["jobs"])
 
 
 def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
@@ -256,6 +275,14 @@ def logs(host: RemoteHost, dataset: str, stage: str | None, lines: int, follow: 
     finally:
         if isinstance(out, VisibleStream):
             out.close()
+
+
+def refuse_unknown(inventory: Inventory, names: list[str] | None) -> None:
+    """A dataset the inventory does not name is refused, as launch and logs refuse it (the pipeline's
+    own jobs, `pipeline` and `draft`, are names too)."""
+    unknown = [n for n in names or [] if n not in (DRAFT, RUNNER)]
+    if unknown:
+        inventory.select(unknown)
 
 
 def stop(host: RemoteHost, console: Console, datasets: list[str] | None, stages: list[str] | None) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from remote.control_plane.states import JobState
+from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, STAGE_ORDER, JobState
 
 Job = dict[str, Any]
 UNREACHABLE = "unreachable"
@@ -47,3 +47,51 @@ def _with_gpus(status: dict[str, Any]) -> list[Job]:
                 and (key in g.get("held_by", []) or (serving and "inference server" in g.get("held_by", [])))]
         jobs.append({**job, "gpus": held} if held else job)
     return jobs
+
+
+def in_pipeline_order(jobs: list[Job]) -> list[Job]:
+    """The jobs with each dataset's stages in the order the pipeline runs them (prep, infer, tokenize,
+    extract, train...); the datasets keep the order they came in, a stage aerie does not know goes last."""
+    first: dict[tuple[str, str], int] = {}
+    for job in jobs:
+        first.setdefault((job.get("host", ""), job["dataset"]), len(first))
+    rank = {stage: index for index, stage in enumerate(STAGE_ORDER)}
+    return sorted(jobs, key=lambda job: (first[(job.get("host", ""), job["dataset"])],
+                                         rank.get(job["stage"], len(rank)), job["stage"]))
+
+
+def next_step(job: Job) -> str:
+    """What to do about a job that ended without succeeding and whose message may not say it ("" if nothing)."""
+    state, dataset, stage = job["state"], (job.get("members") or [job["dataset"]])[0], job["stage"]
+    if state == JobState.BLOCKED.value:
+        return "fix what it waits on, then `inv rerun --failed`"
+    if state == JobState.EMPTY.value:
+        return f"`inv logs {dataset} --stage {stage}` says why; fix it, then `inv rerun --failed`"
+    if state == JobState.STOPPED.value:
+        if dataset in (DRAFT, RUNNER):
+            return "`inv run` starts the pipeline again"
+        return f"`inv launch --stage {stage} -d {dataset}` starts it again"
+    return ""
+
+
+def outcome(status: dict[str, Any]) -> str:
+    """Why a run that has ended did not succeed, and what to do next ("" when nothing went bad)."""
+    if not any_bad(status):
+        return ""
+    bad = [j for j in in_pipeline_order(status["jobs"]) if JobState(j["state"]).is_bad()]
+    jobs = [j for j in bad if (j["dataset"], j["stage"]) != (RUNNER, RUNNER_STAGE)]
+    bad = jobs or bad  # the runner failed because they did: name them, not it
+    blocked = [_key(j) for j in bad if j["state"] == JobState.BLOCKED.value]
+    failed = [f"{_key(j)} {j['state']}" for j in bad if j["state"] != JobState.BLOCKED.value]
+    parts = [", ".join(failed)] if failed else []
+    if blocked:
+        parts.append(f"{len(blocked)} blocked behind {'them' if len(failed) > 1 else 'it'}: {', '.join(blocked)}"
+                     if failed else f"{len(blocked)} blocked: {', '.join(blocked)}")
+    if status.get("unreachable"):
+        parts.append(", ".join(f"{h['host']} unreachable" for h in status["unreachable"]))
+    return (f"the run did not succeed: {'; '.join(parts)}. Fix the cause (`inv logs DATASET --stage STAGE` shows "
+            "a job's log), then `inv rerun --failed` (`inv deploy rerun --failed` after a change to the code)")
+
+
+def _key(job: Job) -> str:
+    return f"{job['host'] + ':' if job.get('host') else ''}{job['dataset']}/{job['stage']}"

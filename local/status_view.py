@@ -33,7 +33,7 @@ from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from local.status_data import UNREACHABLE, Job
+from local.status_data import UNREACHABLE, Job, in_pipeline_order, next_step
 from local.visible import visible, visible_all
 from remote.control_plane.states import RUNNER_STAGE, JobState
 
@@ -44,6 +44,7 @@ STATE_STYLES = {
     JobState.SUCCEEDED: "green",
     JobState.EMPTY: "bold red",
     JobState.FAILED: "bold red",
+    JobState.BLOCKED: "red",
     JobState.DIED: "bold magenta",
     JobState.STOPPED: "dim",
     JobState.BROKEN: "bold red",
@@ -151,22 +152,29 @@ def _plain(value: float) -> str:
 
 
 def message(job: Job, view: View) -> Text:
-    """The error in full for a bad job; else what it waits for, or its metrics and note, on one line."""
+    """The error in full for a bad job; else what it waits for, or its metrics and note, on one line;
+    with the next step where the state has one (`status_data.next_step`)."""
     state = JobState(job["state"])
     if state.is_bad():
-        text = job.get("message") or f"exit {job.get('exit_code')}"
+        text = error(job)
         if view.errors_below:
             return Text(text, style="red", no_wrap=True, overflow="ellipsis")
         return Text(text, style="red", overflow="fold")
     note = job.get("message") or ""
-    if job.get("waiting_for") and note.startswith("blocked"):
-        text = note  # it will not start in this run: say why, not what it waited for
-    elif job.get("waiting_for"):
+    if job.get("waiting_for"):
         needs = ", ".join(job["waiting_for"])
         text = f"waits for the GPU ({needs})" if "GPU" in note else f"waits for {needs}"
     else:
         text = " ".join([*facts(job), note]).strip()
-    return Text(text, no_wrap=True, overflow="ellipsis")
+    step = "" if job.get("more") else next_step(job)
+    return Text(f"{text}; {step}" if text and step else text or step, no_wrap=True, overflow="ellipsis")
+
+
+def error(job: Job) -> str:
+    """A bad job's error, and the next step where its message does not say one."""
+    text = job.get("message") or f"exit {job.get('exit_code')}"
+    step = next_step(job)
+    return f"{text}; {step}" if step else text
 
 
 def state_cell(job: Job, view: View) -> Text:
@@ -204,7 +212,8 @@ class StatusView:
     """Sized at render time, from the console it is drawn on."""
 
     def __init__(self, status: dict[str, Any], title: str | None, fit: bool) -> None:
-        self.status = visible_all(status)  # every string the host sent, shown and never obeyed
+        shown = visible_all(status)  # every string the host sent, shown and never obeyed
+        self.status = {**shown, "jobs": in_pipeline_order(shown["jobs"])}
         self.title = visible(title) if title else title
         self.fit = fit
         self.view = View(now=status.get("now") or time.time(), current_release=status.get("current_release"))
@@ -450,7 +459,7 @@ def errors(jobs: list[Job]) -> list[Text]:
                 line = Text(f"{where}{job['stage']} {job['state']} in {len(names)} datasets ({shown}): ", style="bold red")
             else:
                 line = Text(f"{where}{job['dataset']}/{job['stage']} {job['state']}: ", style="bold red")
-            line.append(job.get("message") or f"exit {job.get('exit_code')}", style="red")
+            line.append(error(job), style="red")
             lines.append(line)
     return lines
 

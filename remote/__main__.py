@@ -216,10 +216,17 @@ def logs(args: dict[str, Any]) -> None:
     directory = _log_dir(Path(args["root"]), args["dataset"], args.get("stage"))
     path = directory / layout.LOG
     # A Slurm job writes its log only once it leaves the queue: follow waits for it to appear.
-    while not path.exists():
-        state = _state(directory)
-        if not args.get("follow") or state.is_terminal():
-            raise HostError(f"{layout.key_of(directory)} has no log yet (it is {state.value})")
+    while True:
+        job = jobs.describe(directory, time.time())
+        if job["state"] == JobState.BLOCKED.value:  # any log there is an earlier run's: say why none is new
+            why = str(job["message"]).replace("blocked: ", "", 1)
+            raise HostError(f"{layout.key_of(directory)} has no log: it is blocked, never started, behind "
+                            f"{', '.join(job.get('blocked_by') or []) or 'a job that did not succeed'} ({why}); "
+                            "fix that, then `inv rerun --failed`")
+        if path.exists():
+            break
+        if not args.get("follow") or JobState(job["state"]).is_terminal():
+            raise HostError(f"{layout.key_of(directory)} has no log yet (it is {job['state']})")
         time.sleep(0.25)
 
     # NOTE: read from the end, a block at a time: a log may be far larger than the host's memory, and a

@@ -84,10 +84,11 @@ def test_a_failure_blocks_its_dependents_and_rerun_resumes_from_it(bench: Bench,
     bench.inv("run")
     jobs = wait_pipeline(bench)
     assert jobs["A/extract"]["state"] == "failed" and jobs["C/extract"]["state"] == "succeeded"
-    assert jobs["draft/train"]["state"] == "waiting" and "draft.train" not in traces(plans)
+    assert jobs["draft/train"]["state"] == "blocked" and "draft.train" not in traces(plans)
+    assert jobs["draft/train"]["blocked_by"] == ["A/extract"]
     assert jobs["pipeline/run"]["state"] == "failed"
     status = bench.inv("status", check=False)
-    assert status.returncode == 1 and "waiting" in status.stdout
+    assert status.returncode == 1 and "blocked" in status.stdout
     first_c = jobs["C/extract"]["started_at"]
 
     fixed.write_text("")

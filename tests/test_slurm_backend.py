@@ -139,6 +139,8 @@ def test_a_pipeline_on_slurm_runs_by_dependencies_and_resumes_after_a_failure(be
     jobs = settle(bench, keys, timeout=120)
     assert jobs["A/extract"]["state"] == "failed" and jobs["B/extract"]["state"] == "succeeded"
     wait_for(lambda: "DependencyNeverSatisfied" in (bench.poll()["draft/train"]["message"] or ""), 30, "a stuck train")
+    train = bench.poll()["draft/train"]
+    assert train["state"] == "blocked" and "A/extract" in train["blocked_by"], train  # as the runner's are
     seen = {p.stem: json.loads(p.read_text()) for p in (plans / "trace").glob("*.json")}
     assert seen["B.infer"]["end"] <= seen["B.tokenize"]["start"] <= seen["B.tokenize"]["end"] <= seen["B.extract"]["start"]
 

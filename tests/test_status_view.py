@@ -57,14 +57,14 @@ def test_headers_are_the_documented_columns_in_order() -> None:
 
 def test_every_state_has_a_colour_and_the_bad_ones_make_status_fail() -> None:
     assert set(status_view.STATE_STYLES) == set(JobState)
-    assert BAD == {JobState.FAILED, JobState.DIED, JobState.EMPTY, JobState.STALLED, JobState.BROKEN}
+    assert BAD == {JobState.FAILED, JobState.DIED, JobState.EMPTY, JobState.STALLED, JobState.BROKEN, JobState.BLOCKED}
     for state in JobState:
         assert status_data.any_bad({"jobs": [job(state=state.value)]}) == (state in BAD)
 
 
 def test_states_are_declared_in_lifecycle_order_and_know_if_they_are_terminal() -> None:
     assert [s.value for s in JobState] == [
-        "waiting", "running", "stalled", "succeeded", "empty", "failed", "died", "stopped", "broken"]
+        "waiting", "running", "stalled", "succeeded", "empty", "failed", "blocked", "died", "stopped", "broken"]
     assert [s.value for s in JobState if not s.is_terminal()] == ["waiting", "running", "stalled"]
 
 
@@ -198,12 +198,36 @@ def test_json_has_eta_and_the_gpus_each_job_holds() -> None:
     assert "gpus" not in rows[1] and rows[1]["eta_s"] is None
 
 
-def test_a_waiting_job_blocked_behind_a_failure_says_so() -> None:
-    blocked = job(state="waiting", waiting_for=["A1/prep"], message="blocked: A1/prep did not succeed")
+def test_a_job_blocked_behind_a_failure_says_so_and_what_to_do() -> None:
+    blocked = job(stage="extract", state="blocked", blocked_by=["A1/prep"], message="blocked: A1/prep failed")
     gpu = job(state="waiting", waiting_for=["B5/extract"], message="the GPU is in use")
     view = status_view.View(NOW, None)
-    assert status_view.message(blocked, view).plain == "blocked: A1/prep did not succeed"
+    assert status_view.message(blocked, view).plain == (
+        "blocked: A1/prep failed; fix what it waits on, then `inv rerun --failed`")
     assert status_view.message(gpu, view).plain == "waits for the GPU (B5/extract)"
+
+
+def test_empty_and_stopped_rows_give_a_next_step() -> None:
+    view = status_view.View(NOW, None)
+    empty = job(dataset="B5", stage="infer", state="empty", message="exit 0, 0 records")
+    assert status_view.message(empty, view).plain == (
+        "exit 0, 0 records; `inv logs B5 --stage infer` says why; fix it, then `inv rerun --failed`")
+    stopped = job(state="stopped", message="stopped by inv stop")
+    assert status_view.message(stopped, view).plain == (
+        "stopped by inv stop; `inv launch --stage prep -d A1` starts it again")
+    runner = job(dataset="pipeline", stage="run", state="stopped", message="stopped by inv stop")
+    assert status_view.message(runner, view).plain.endswith("; `inv run` starts the pipeline again")
+    assert status_view.message(job(state="succeeded", message="kept 2 of 2"), view).plain == "kept 2 of 2"
+
+
+def test_a_datasets_stages_are_listed_in_pipeline_order_not_alphabetically() -> None:
+    names = ["tokenize", "extract", "prep", "infer"]
+    jobs = [job(dataset="B5", stage=name, state="succeeded") for name in names] + [
+        job(dataset="A1", stage="train"), job(dataset="A1", stage="prep")]
+    out = render({"now": NOW, "current_release": None, "jobs": jobs}, width=200)
+    rows = [line.split()[1:4:2] for line in out.splitlines() if line.startswith("│")]
+    assert rows == [["B5", "prep"], ["B5", "infer"], ["B5", "tokenize"], ["B5", "extract"],
+                    ["A1", "prep"], ["A1", "train"]]
 
 
 def test_values_are_shown_as_they_are_never_read_as_markup() -> None:

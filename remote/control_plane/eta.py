@@ -23,7 +23,7 @@ from pathlib import Path
 
 from remote.control_plane import layout
 from remote.control_plane.progress import read_mapping
-from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE
+from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, JobState
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:
@@ -75,10 +75,8 @@ def pipeline_eta(plan: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> tupl
 def remaining(node: dict[str, Any], by_key: dict[str, dict[str, Any]], jobs: list[dict[str, Any]]) -> float | None:
     """Seconds this job still needs: none when done, its own ETA when running, an estimate when not started."""
     job = by_key.get(node["key"], {})
-    if job.get("state") in ("succeeded", "failed", "died", "empty", "stopped"):
-        return 0.0  # done, or not run again by this runner
-    if str(job.get("message") or "").startswith("blocked"):
-        return 0.0  # behind a failed job: never starts in this run
+    if job.get("state") and JobState(job["state"]).is_terminal():
+        return 0.0  # done, not run again by this runner, or blocked behind a failed job
     if job.get("state") in ("running", "stalled"):
         return job.get("eta_s")
     stage = node["spec"]["stage"]

@@ -124,6 +124,8 @@ class ProcessExecutor(Executor):
         if recorded == JobState.WAITING:  # its pid is the pipeline runner's, which reports for itself
             if not processes.is_alive(state):
                 message = "not started: the pipeline runner has ended; `inv rerun --failed` resumes"
+            return Reading(recorded, message)
+        if recorded == JobState.BLOCKED:  # recorded by the pipeline runner, which never started it
             return Reading(recorded, message, blocked_by=state.get("blocked_by"))
         if recorded not in (JobState.RUNNING, JobState.STALLED):
             return Reading(recorded, message)
@@ -144,13 +146,13 @@ class ProcessExecutor(Executor):
         return Reading(JobState.RUNNING, message)
 
     def is_active(self, state: dict[str, Any], reading: JobState | None) -> bool:
-        if reading == JobState.WAITING:
-            return False  # a waiting job's pid is the runner's
+        if reading in (JobState.WAITING, JobState.BLOCKED):
+            return False  # never started: a waiting job's pid is the runner's
         return processes.is_alive(state) or ("pid" not in state and processes.is_alive(state.get("starting") or {}))
 
     def cancel(self, state: dict[str, Any]) -> bool:
-        if state.get("state") == JobState.WAITING.value:
-            return False  # the runner's pid: the job itself never started
+        if state.get("state") in (JobState.WAITING.value, JobState.BLOCKED.value):
+            return False  # the runner's pid, if any: the job itself never started
         return processes.end_group(state)
 
     def queue_id(self, state: dict[str, Any]) -> str | None:
@@ -188,13 +190,16 @@ class SlurmExecutor(Executor):
         reading, note = slurm_jobs.effective(state, progress, now, job)
         message = base_message(state, progress)
         message = f"{note}: {message}" if note and message else note or message
-        blocked = state.get("waiting_for") or [] if job is not None and job.reason == slurm_jobs.NEVER else None
         fields = {"slurm_job_id": state["slurm_job_id"], "slurm_state": job.state if job else None,
                   "node": job.node if job else state.get("node")}
-        return Reading(reading, message, fields, blocked_by=blocked if reading == JobState.WAITING else None)
+        if reading == JobState.WAITING and job is not None and job.reason == slurm_jobs.NEVER:
+            # Pending for ever in Slurm's queue behind a job that failed: blocked, as the runner's are.
+            return Reading(JobState.BLOCKED, message, fields, blocked_by=state.get("waiting_for") or [])
+        return Reading(reading, message, fields)
 
     def is_active(self, state: dict[str, Any], reading: JobState | None) -> bool:
-        return reading in (JobState.WAITING, JobState.RUNNING)
+        # NOTE: a blocked job still sits in Slurm's queue: `inv stop` and a rerun cancel it there.
+        return reading in (JobState.WAITING, JobState.RUNNING, JobState.BLOCKED)
 
     def cancel(self, state: dict[str, Any]) -> bool:
         from remote.control_plane import slurm_jobs

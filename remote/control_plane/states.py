@@ -29,6 +29,9 @@ class JobState(str, Enum):
     """Exited 0 having written zero records: a failure, never a success."""
     FAILED = "failed"
     """Exited non-zero."""
+    BLOCKED = "blocked"
+    """Never started, and never will in this run: a job it needs ended without succeeding (`blocked_by`
+    names those needs). `inv rerun --failed` relaunches what failed upstream, then it."""
     DIED = "died"
     """Ended by a signal `inv stop` did not send (the OOM killer, systemd at shutdown, an operator's
     kill), or gone without an exit code (kill -9 of its supervisor, a host reboot)."""
@@ -46,7 +49,11 @@ class JobState(str, Enum):
         return self in BAD
 
 
-BAD = frozenset({JobState.FAILED, JobState.DIED, JobState.EMPTY, JobState.STALLED, JobState.BROKEN})
+BAD = frozenset({JobState.FAILED, JobState.DIED, JobState.EMPTY, JobState.STALLED, JobState.BROKEN, JobState.BLOCKED})
+
+#: A dataset's stages in the order a pipeline runs them (and the status table lists them); the draft's
+#: jobs (`draft/chunked`, `draft/train`, `draft/eval`) and the runner's last.
+STAGE_ORDER = ("prep", "infer", "tokenize", "extract", "chunked", "train", "eval", RUNNER_STAGE)
 
 
 def quiet_for(state: dict, progress: dict, now: float) -> float | None:

@@ -4,8 +4,12 @@ It starts each job of the plan once the jobs it needs have succeeded, keeps the
 GPU exclusive (the inference server, extraction and training never share it),
 starts the inference server for the infer jobs and stops it before anything
 else needs the GPU. Jobs it cannot start yet are recorded as `waiting`, with
-what they wait for. It outlives the SSH session like every job, and a second
-runner (after `inv rerun --failed`) adopts the jobs and the server it finds.
+what they wait for; a job whose need ended without succeeding (or is itself
+blocked) is `blocked`, for good in this run, naming those needs (`blocked_by`).
+The runner ends when nothing can run any more, failed unless every job
+succeeded. It outlives the SSH session like every job, and a second runner
+(after `inv rerun --failed`) adopts the jobs and the server it finds, and starts
+the failed and blocked ones again.
 
 The plan, built by the workstation (local/graph.py), is a list of nodes::
 
@@ -38,6 +42,7 @@ class Runner:
         self.me = read_json(layout.runner_dir(self.root) / layout.STATE, {})
         # Fresh (`inv run`): every job runs again. Resumed (`inv rerun`): succeeded jobs stay done.
         self.started: set[str] = set()
+        self.roots: dict[str, list[str]] = {}  # a blocked job's failed needs, however far upstream
         if not ctx.stage_config.get("fresh", True):
             self.started = {n["key"] for n in self.plan if self.state_of(n["key"]) == JobState.SUCCEEDED}
         record = layout.server_record(self.root)
@@ -62,10 +67,20 @@ class Runner:
                 time.sleep(TICK_SECONDS)
         finally:
             self.stop_server()
-        failed = [n["key"] for n in self.plan if self.state_of(n["key"]) != JobState.SUCCEEDED]
-        self.progress.note(f"incomplete: {', '.join(failed)}" if failed else f"all {len(self.plan)} jobs succeeded")
-        print(f"pipeline {'incomplete: ' + ', '.join(failed) if failed else 'done'}", flush=True)
-        return 1 if failed else 0
+        outcome = self.outcome()
+        self.progress.note(outcome or f"all {len(self.plan)} jobs succeeded")
+        print(f"pipeline {outcome or 'done'}", flush=True)
+        return 1 if outcome else 0
+
+    def outcome(self) -> str:
+        """What kept the run from succeeding, by state ("" when every job did)."""
+        by_state: dict[str, list[str]] = {}
+        for node in self.plan:
+            state = self.state_of(node["key"])
+            if state != JobState.SUCCEEDED:
+                by_state.setdefault(state.value if state else "not started", []).append(node["key"])
+        said = "; ".join(f"{len(keys)} {state}: {', '.join(keys)}" for state, keys in by_state.items())
+        return f"incomplete: {said}" if said else ""
 
     def schedule(self, pending: list[dict[str, Any]], active: list[dict[str, Any]], states: dict[str, JobState | None]) -> None:
         gpu_busy = any(n["gpu"] for n in active)
@@ -75,9 +90,11 @@ class Runner:
             # NOTE: a need started this tick may still show its last run's `succeeded` (a fresh
             # `inv run` over an old root): it is not met until it succeeds again.
             unmet = [k for k in node["needs"] if states.get(k) != JobState.SUCCEEDED or k in launched]
-            blocked = [k for k in unmet if k in settled and states.get(k) not in (*ACTIVE, JobState.WAITING)]
-            if blocked:
-                self.wait(node, unmet, f"blocked: {', '.join(blocked)} did not succeed", blocked)
+            # A need this run started that is neither running nor succeeded has ended without
+            # succeeding, or is blocked itself: it never will succeed in this run.
+            never = [k for k in unmet if k in settled and states.get(k) not in (*ACTIVE, JobState.WAITING)]
+            if never:
+                self.block(node, never, states)
                 self.started.add(node["key"])  # never starts in this run
             elif unmet or (node["gpu"] and gpu_busy):
                 holder = [n["key"] for n in active if n["gpu"]]
@@ -90,15 +107,28 @@ class Runner:
                 launched.add(node["key"])
                 active.append(node)
 
-    def wait(self, node: dict[str, Any], waiting_for: list[str], message: str, blocked_by: list[str] | None = None) -> None:
+    def wait(self, node: dict[str, Any], waiting_for: list[str], message: str) -> None:
+        self.record(node, {
+            "state": JobState.WAITING.value, "waiting_for": waiting_for, "message": message, "pid": self.me.get("pid"),
+            "pid_start": self.me.get("pid_start"), "boot_id": self.me.get("boot_id"),
+        })
+
+    def block(self, node: dict[str, Any], never: list[str], states: dict[str, JobState | None]) -> None:
+        """Record `node` as blocked behind its needs `never`, naming the failures at the root of them."""
+        roots = sorted({root for need in never for root in self.roots.get(need, [need])})
+        self.roots[node["key"]] = roots
+        said = ", ".join(f"{root} {getattr(states.get(root), 'value', 'not started')}" for root in roots)
+        via = f" (via {', '.join(never)})" if never != roots else ""
+        # NOTE: no pid: a blocked job has ended (nothing of it runs), and the runner's pid is not its own.
+        self.record(node, {"state": JobState.BLOCKED.value, "blocked_by": never, "ended_at": time.time(),
+                           "message": f"blocked: {said}{via}"})
+
+    def record(self, node: dict[str, Any], fields: dict[str, Any]) -> None:
+        """The state of a job the runner has not started, unless it is already so."""
         directory = layout.key_dir(self.root, node["key"])
         directory.mkdir(parents=True, exist_ok=True)
-        state = {
-            "dataset": node["spec"]["dataset"], "stage": node["spec"]["stage"], "state": JobState.WAITING.value,
-            "executor": "process",
-            "waiting_for": waiting_for, "blocked_by": blocked_by, "message": message, "pid": self.me.get("pid"),
-            "pid_start": self.me.get("pid_start"), "boot_id": self.me.get("boot_id"), "stall_after": 10 ** 9,
-        }
+        state = {"dataset": node["spec"]["dataset"], "stage": node["spec"]["stage"], "executor": "process",
+                 "stall_after": 10 ** 9, **fields}
         try:
             recorded = read_object(directory / layout.STATE)
         except BrokenJob:
