@@ -4,6 +4,7 @@ own reader) or a W&B run, for aerie's trainer and as SpecForge's own ``tracking.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from remote.eagle3 import StageInputError, reporting, specforge
 from remote.control_plane.progress import Progress
 from remote.stages import train
-from tests.pipeline_fixtures import TINY_LAYERS, context, extracted, run_stage, stage_env, tiny_target
+from tests.pipeline_fixtures import REPO, TINY_LAYERS, context, extracted, run_stage, stage_env, tiny_target
 
 __all__ = ["extracted", "tiny_target"]  # fixtures used below
 
@@ -111,6 +112,14 @@ def test_report_to_none_writes_no_event_files_and_trains_on_a_host_without_tenso
     manifest = train.run(context(env), Progress())
 
     assert manifest["steps"] == 4 and not (Path(env["AERIE_OUTPUT"]) / reporting.TENSORBOARD_DIR).exists()
+
+
+def test_importing_the_train_stage_and_the_chunked_trainer_imports_neither_tensorboard_nor_wandb() -> None:
+    code = ("import sys, remote.stages.train, remote.orchestration.resident; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorboard', 'wandb') or 'tensorboard' in m))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+
+    assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("kind", ["tensorboard", "wandb"])
