@@ -159,7 +159,7 @@ def demo(c: Context) -> None:
         raise Exit("aerie: the demo did not finish cleanly; see the table above and `inv logs`", code=1)
 
 
-@task(help={"only": "comma-separated suites: control, loop, view, prep, infer, extract, slurm, chunked; default: all",
+@task(help={"only": "comma-separated suites: control, loop, view, prep, infer, extract, slurm, chunked, train; default: all",
             "json": "print the figures as JSON"})
 def bench(c: Context, only: str | None = None, json: bool = False) -> None:
     """Measure speed as ratios to baselines run alongside (see docs/benchmarks.md)."""

@@ -7,8 +7,9 @@ saturating stand-in), extract (capture vs. a bare forward pass),
 slurm (launch and status of 40 jobs on the test cluster), loop (deploy and
 rerun as typed, against rsync, scp and ssh), view (the watch view of 20 to 1,000 bad jobs,
 against one screenful of table), chunked (the chunked route's wall time and
-held-out accept length against the offline route's on the same records). Figures are recorded in
-docs/benchmarks.md.
+held-out accept length against the offline route's on the same records), train (aerie's trainer
+against SpecForge 0.2.0's on the same states and held-out split: CPU seconds and accept length).
+Figures are recorded in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-SUITES = ("control", "loop", "view", "prep", "infer", "extract", "slurm", "chunked")
+SUITES = ("control", "loop", "view", "prep", "infer", "extract", "slurm", "chunked", "train")
 
 
 def run(only: list[str] | None = None) -> dict[str, Any]:

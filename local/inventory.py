@@ -176,6 +176,9 @@ class Train(Stage):
                                              "servers' URLs (required on the online route)")
     specforge_mooncake: Mooncake | None = Field(None, description="online SpecForge: the Mooncake endpoints (required on the online route)")
     specforge_deployment: dict[str, Any] = Field(default_factory=dict, description="merged into SpecForge's `deployment:`")
+    report_to: Literal["none", "tensorboard", "wandb"] = Field(
+        "none", description="where training's curves go besides training.png: TensorBoard event files or a W&B run "
+        "(offline unless the host has a W&B key) beside the draft, for either engine")
 
     def specforge_refusal(self, extract: Extract, route: str) -> str | None:
         """What SpecForge 0.2.0 would refuse in these settings, in one line naming each setting; None when

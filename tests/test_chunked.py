@@ -16,6 +16,7 @@ import pytest
 from remote.orchestration import chunked
 from remote.eagle3 import StageInputError
 from benchmarks.harness.stage_settings import complete
+from tests.test_reporting import read_events
 from tests.pipeline_fixtures import REPO, TINY_LAYERS, make_records, stage_env, tiny_target, vocab_size, write_prep
 
 __all__ = ["tiny_target"]  # fixtures used below
@@ -154,7 +155,7 @@ def test_a_budget_smaller_than_the_states_trains_by_chunks_never_exceeds_it_and_
     budget = chunked.reserved(2) + sum(sizes) // 2 + max(sizes)  # two chunks: about half the states at a time
     assert budget < sum(sizes) + chunked.reserved(2)  # the states of all records would not fit
     # One epoch keeps it to five runs of the real stages (extract and train per chunk, and the resumed train).
-    env = chunked_env(root, tiny_target, budget, EXTRACT, {**TRAIN, "epochs": 1}, ["A1", "B2"])
+    env = chunked_env(root, tiny_target, budget, EXTRACT, {**TRAIN, "epochs": 1, "report_to": "tensorboard"}, ["A1", "B2"])
     out = Path(env["AERIE_OUTPUT"])
 
     with DiskWatch(out) as watch:
@@ -196,6 +197,10 @@ def test_a_budget_smaller_than_the_states_trains_by_chunks_never_exceeds_it_and_
     assert trained["route"] == "chunked" and trained["accept_length"] >= 1.0 and len(trained["eval_accuracies"]) == 3
     assert [e["epoch"] for e in trained["epoch_history"]] == [1] and (train / "training.png").is_file()
     assert manifest["accept_length"] == trained["accept_length"] and progress["metrics"]["accept_length"] > 0
+    # the curves in TensorBoard (report_to) are the history's, the killed run's steps taken again shown once
+    scalars = read_events(train / "tensorboard")
+    assert scalars["train/loss"] == [(h["step"], pytest.approx(h["loss"], rel=1e-6)) for h in history]
+    assert scalars["eval/accept_length"] == [(history[-1]["step"], pytest.approx(trained["accept_length"], abs=1e-4))]
 
 
 @pytest.mark.e2e

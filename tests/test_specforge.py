@@ -161,7 +161,8 @@ def test_the_online_run_hands_specforge_prep_s_exact_tokens_and_a_config_its_sch
     from specforge.launch_plan import build_launch_plan
 
     prep, records = online_prep(tmp_path / "root", tiny_target)
-    settings = {"draft_config": str(host["draft"]), "layers": TINY_LAYERS, "max_length": 64, "draft_vocab_size": 200, **ONLINE}
+    settings = {"draft_config": str(host["draft"]), "layers": TINY_LAYERS, "max_length": 64, "draft_vocab_size": 200,
+                "report_to": "tensorboard", **ONLINE}
 
     manifest, out = run_train(tmp_path / "root", tiny_target, "draft", settings, prep_inputs={"A1": str(prep)})
 
@@ -176,6 +177,7 @@ def test_the_online_run_hands_specforge_prep_s_exact_tokens_and_a_config_its_sch
     assert disaggregated.backend == "mooncake" and disaggregated.server_urls == ["http://127.0.0.1:30000"]
     assert disaggregated.mooncake_metadata_server == MOONCAKE["metadata_server"]
     assert config.training.save_interval == 200 and config.data.train_data_path == ""
+    assert config.tracking.report_to == "tensorboard"  # stages.train.report_to, as SpecForge's own key
     prompts = prepare_prompt_tasks(config.data.prompts_path, None, chat_template=None, max_length=64, is_preformatted=False,
                                    train_only_last_turn=False, cache_dir=None, cache_key=None, num_proc=1)
     assert [p["payload"] for p in prompts] == [{"input_ids": r["input_ids"], "loss_mask": r["loss_mask"]} for r in records]

@@ -18,6 +18,8 @@ generations exist, and the one on the host is detected:
   ``<run_id>-latest`` link, every ``stages.train.checkpoint_every`` steps
   (``training.save_interval``); ``specforge export --to sglang`` turns the latest
   into a draft directory SGLang loads; ``training.resume_from`` resumes.
+  ``stages.train.report_to`` is SpecForge's own ``tracking.report_to`` (TensorBoard:
+  ``<out>/runs``; W&B offline unless the host has a key).
   The run is named for its settings (``<RUN_ID>-<hash>``): SpecForge refuses to
   resume a checkpoint written with other settings ("written with num_epochs=1 but
   this run has num_epochs=2"), so a changed setting starts a run of its own, and
@@ -43,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remote.eagle3 import StageInputError
+from remote.eagle3 import StageInputError, reporting
 from remote.eagle3.train_settings import TrainSettings
 
 SCRIPT = Path("scripts") / "train_eagle3.py"
@@ -80,6 +82,7 @@ class SpecForgeRun:
     vocab_mapping: Path | None = None  # online: {"d2t", "t2d"} built from those tokens
     mooncake: dict[str, Any] = field(default_factory=dict)  # online: SpecForge's mooncake_* endpoints
     data_identity: str = ""  # what the data is (records, paths or a hash): part of the run's name
+    report_to: str = "none"  # SpecForge's tracking.report_to (`remote.eagle3.reporting.tracking_config`)
 
     @property
     def is_online(self) -> bool:
@@ -199,7 +202,8 @@ def run_config(run: SpecForgeRun) -> dict[str, Any]:
     else:
         deployment = _merge({"mode": "local_colocated", "trainer": trainer}, run.deployment)
     return {"model": model, "data": data, "training": training, "run_id": run.run_id,
-            "output_dir": str(run.runs), "deployment": deployment}
+            "output_dir": str(run.runs), "deployment": deployment,
+            "tracking": reporting.tracking_config(run.report_to, run.output, run.run_id)}
 
 
 def begin(run: SpecForgeRun) -> str | None:

@@ -19,6 +19,8 @@ from remote.eagle3 import StageInputError
 from remote.settings import typed
 
 ENGINES = ("aerie", "specforge")
+#: Where training's curves go besides training.png (`remote.eagle3.reporting`).
+REPORTERS = ("none", "tensorboard", "wandb")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class TrainSettings:
     specforge_server_urls: list[str]
     #: Merged into SpecForge's ``deployment:``.
     specforge_deployment: dict[str, Any]
+    #: ``none``, ``tensorboard`` or ``wandb``: `remote.eagle3.reporting` (aerie), SpecForge's ``tracking.report_to``.
+    report_to: str
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "TrainSettings":
@@ -57,4 +61,6 @@ class TrainSettings:
         settings = typed(cls, config, "train", StageInputError)
         if settings.engine not in ENGINES:
             raise StageInputError(f"stages.train.engine {settings.engine!r}: expected one of {', '.join(ENGINES)}")
+        if settings.report_to not in REPORTERS:
+            raise StageInputError(f"stages.train.report_to {settings.report_to!r}: expected one of {', '.join(REPORTERS)}")
         return settings

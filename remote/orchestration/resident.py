@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
+from remote.eagle3 import reporting
 from remote.eagle3.train_settings import TrainSettings
 from remote.stages import StageContext
 
@@ -110,10 +111,12 @@ class Trainer:
                  schedule_steps: int, evaluations: Path, progress: Progress, trained: dict[str, Any]) -> None:
         self.ctx, self.settings, self.output, self.heldout = ctx, settings, output, heldout
         self.typed = TrainSettings.from_config(settings)  # `settings` stays the sub-stages' JSON config
+        reporting.require(self.typed.report_to)  # before the first chunk's extraction, not after it
         self.trained = trained  # {"preps": {dataset: prep dir}, "heldout": {dataset: indices}}: what the vocabulary counts
         self.schedule_steps, self.evaluations, self.progress = schedule_steps, evaluations, progress
         self.relay = Relay(progress)
         self.draft: Any = None
+        self.observer: Any = None  # `remote.eagle3.reporting.Observer`, opened on the first pass
         self.state: Any = None  # where the last pass of this process left the optimizer and schedule
         self.history: list[dict[str, Any]] = read_json(output / "history.json", [])
         self.extracted: dict[str, Any] = {}
@@ -164,18 +167,22 @@ class Trainer:
         self.draft.to(self.device)
         history = [h for h in self.history if h["step"] <= state.step]
         self.history = history
+        if self.observer is None:
+            self.observer = self.reporter(state.step)
 
         def on_step(step: int, loss: float, accuracies: list[float], records: int) -> None:
             values = {f"acc_{k}": round(a, 4) for k, a in enumerate(accuracies)}
             self.progress.metrics(step=step, loss=round(loss, 5), **values)
             history.append({"step": step, "loss": loss, **values})
             self.evaluation.on_step(loss)
+            self.observer.report(step, loss, accuracies)
 
         def on_checkpoint(reached: Any) -> None:
             from remote.eagle3 import resume
 
             write_json_atomic(self.output / "history.json", history)  # first: a resumed run never lacks its steps
             resume.save(self.output / "resume", self.draft, reached)
+            self.observer.reporter.flush()  # every step before the point a killed run resumes from is on disk
 
         self.state = train(
             self.draft, self.head, files, load_sample, epochs=epochs, batch_size=settings.batch_size,
@@ -184,6 +191,12 @@ class Trainer:
             state=state, on_checkpoint=on_checkpoint, checkpoint_every=settings.checkpoint_every,
             schedule_steps=self.schedule_steps)
         checkpoint.save(self.draft, self.output / "draft", {"pass": name, "release": self.ctx.release})
+
+    def reporter(self, step: int) -> Any:
+        """Where ``stages.train.report_to`` sends the curves (as the train stage does), from `step` on."""
+        reporter = reporting.open_reporter(self.typed.report_to, self.output, step, f"{self.ctx.dataset}-{self.ctx.release}",
+                                           dataclasses.asdict(self.typed))
+        return reporting.Observer(reporter, self.evaluation, step)
 
     def resume_state(self, inputs: list[Path], files: list[Path], settings: TrainSettings, name: str) -> Any:
         """The checkpoint on disk for the first pass of this process; after that, the optimizer as the last pass left it.
@@ -203,6 +216,8 @@ class Trainer:
     def measure(self, epoch: int) -> dict[str, Any]:
         """The held-out figures after `epoch` epochs' worth of steps, kept (for a resumed run) and drawn."""
         record = self.evaluation.on_epoch(epoch, self.draft, self.head)
+        if self.observer is not None:
+            self.observer.report_epochs()
         self.evaluation.draw()
         return record.as_dict()
 
@@ -210,6 +225,8 @@ class Trainer:
         """The train manifest, as the train stage writes it (with `route: chunked`)."""
         if self.draft is None:  # a rerun of a run that had ended: its manifest stands
             return read_json(self.output / "manifest.json", {})
+        if self.observer is not None:
+            self.observer.close()
         write_json_atomic(self.output / "history.json", self.history)
         manifest = {
             "release": self.ctx.release, "engine": "aerie", "route": "chunked", "draft": str(self.output / "draft"),

@@ -16,6 +16,11 @@ Settings (``stages.train``, typed once by `remote.eagle3.train_settings`):
   acceptance length of an ``eval_steps``-long chain with top-k 1.
 - ``checkpoint_every``: optimizer steps between resume checkpoints (one is
   also written at the end of every epoch); SpecForge's ``training.save_interval``.
+- ``report_to``: ``none``, ``tensorboard`` or ``wandb``: every step's loss and
+  accuracies and every epoch's held-out figures, also as TensorBoard event files
+  in ``$AERIE_OUTPUT/tensorboard/`` or a W&B run in ``$AERIE_OUTPUT/wandb/``
+  (`remote.eagle3.reporting`); SpecForge's engine gets it as its own
+  ``tracking.report_to``.
 - ``schedule_steps`` (not a user setting: `remote.orchestration.chunked` sets it): the
   learning-rate schedule's length when this run is one chunk of a longer one.
 - ``chunk_pass`` (not a user setting either): which pass and chunk this run
@@ -50,7 +55,7 @@ from typing import Any
 
 from remote.eagle3 import StageInputError, read_upstream_manifest
 from remote.eagle3 import draft_config
-from remote.eagle3 import heldout, plot, specforge
+from remote.eagle3 import heldout, plot, reporting, specforge
 from remote.eagle3.shards import ShardStore, load_sample
 from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
 from remote.eagle3.train_settings import TrainSettings
@@ -105,6 +110,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """Train the draft with the engine ``stages.train.engine`` names, on extract's states
     (or, SpecForge's online route, on prep's prompts with no states on disk)."""
     settings = TrainSettings.from_config(ctx.stage_config)
+    reporting.require(settings.report_to)
     if settings.engine == "specforge" and ctx.config.get("prep_inputs") and not ctx.config.get("inputs"):
         return run_specforge(ctx, settings, None, progress)  # the online route: no states on disk
     extracted = read_extract_manifests(ctx.inputs("extract"))
@@ -139,6 +145,7 @@ def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
     draft.to(device)
     progress.expect(epochs * -(-len(files) // batch_size), by="step")
     earlier = _previous_history(ctx, state.step)
+    observer = reporting.Observer(_reporter(ctx, settings, state.step), evaluation, state.step)
 
     started = time.time()
     train(
@@ -155,8 +162,9 @@ def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
         checkpoint_every=settings.checkpoint_every,
         # NOTE: read with .get: only the chunked route's driver sends it, never the inventory.
         schedule_steps=int(ctx.stage_config.get("schedule_steps") or 0),
-        **_aerie_callbacks(ctx, draft, head, extracted, evaluation, epochs, earlier, history, progress),
+        **observer.wrap(_aerie_callbacks(ctx, draft, head, extracted, evaluation, epochs, earlier, history, progress)),
     )
+    observer.close()
     evaluation.draw()
     if not history:  # resumed after the last step: the saved draft is the result
         _save_draft(ctx, draft, extracted, epochs)
@@ -166,6 +174,14 @@ def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
     write_json_atomic(ctx.output / "manifest.json", manifest)
     write_json_atomic(ctx.output / "history.json", history)
     return manifest
+
+
+def _reporter(ctx: StageContext, settings: TrainSettings, step: int) -> reporting.Reporter:
+    """Where ``stages.train.report_to`` sends the curves, beside the draft; the run named for the dataset."""
+    import dataclasses
+
+    return reporting.open_reporter(settings.report_to, ctx.output, step, f"{ctx.dataset}-{ctx.release}",
+                                   dataclasses.asdict(settings))
 
 
 def _aerie_manifest(ctx: StageContext, extracted: dict[str, Any], config: dict[str, Any], records: int, epochs: int,
@@ -363,7 +379,7 @@ def _specforge_job(ctx: StageContext, settings: TrainSettings, extracted: dict[s
         server_urls=settings.specforge_server_urls, deployment=settings.specforge_deployment,
         save_interval=settings.checkpoint_every, prompts=prompts, vocab_mapping=mapping,
         mooncake=dict(ctx.stage_config.get("specforge_mooncake") or {}),
-        data_identity=identity,
+        data_identity=identity, report_to=settings.report_to,
     )
 
 
