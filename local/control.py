@@ -77,13 +77,23 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | N
     return release
 
 
-def launch(host: RemoteHost, console: Console, stage: str, datasets: list[str] | None) -> list[dict[str, Any]]:
+def launch(host: RemoteHost, console: Console, stage: str, datasets: list[str] | None,
+           force: bool = False) -> list[dict[str, Any]]:
+    """One job per dataset; a succeeded one only with `force` (its output stays until the new run succeeds)."""
     names = mine(host, datasets)
     if names == [] or not host.inventory.datasets:
         return []
-    results = host.call("launch", specs=job_specs.specs(host.inventory, stage, names))
-    report(console, results, "launched")
+    results = host.call("launch", specs=job_specs.specs(host.inventory, stage, names), force=force)
+    report(console, [_with_force_hint(r) for r in results], "launched")
     return results
+
+
+def _with_force_hint(result: dict[str, Any]) -> dict[str, Any]:
+    """A job kept because it succeeded names the flag that runs it again."""
+    if not result.get("succeeded"):
+        return result
+    return {**result, "reason": f"{result['reason']}; `inv launch --stage {result['stage']} "
+                                f"--dataset {result['dataset']} --force` runs it again"}
 
 
 def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages: list[str] | None) -> list[dict[str, Any]]:

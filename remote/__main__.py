@@ -62,7 +62,8 @@ def launch(args: dict[str, Any]) -> Any:
     root = Path(args["root"])
     if any("after" in spec for spec in args["specs"]):
         return submit_in_order(root, args["specs"])
-    return jobs.launch_all(root, args["specs"], each=each)
+    # NOTE: a finished job is run again only when asked (`inv launch --force`): a relaunch replaces its output.
+    return jobs.launch_all(root, args["specs"], each=each, keep_done=not args.get("force"))
 
 
 def run(args: dict[str, Any]) -> Any:
