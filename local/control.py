@@ -103,13 +103,51 @@ def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages
         return []
     results = host.call(
         "rerun", specs=job_specs.all_specs(inventory), states=sorted(s.value for s in BAD),
-        datasets=names, stages=stages,
+        datasets=names, stages=stages, **rebuilt_pipeline(host, console),
     )
     relaunched = [r for r in results if r["launched"]]
     report(console, relaunched, "relaunched")
+    report_changes(console, relaunched)
     if not relaunched:
         console.print("Nothing to rerun: no job is failed, died, empty or stalled.")
     return relaunched
+
+
+def rebuilt_pipeline(host: RemoteHost, console: Console) -> dict[str, Any]:
+    """The last `inv run`'s runner rebuilt from the inventory as it is now (its datasets and route, as
+    the host recorded them), so that a rerun of its jobs runs with what was fixed; {} where none is recorded."""
+    last = host.call("last_run")
+    if not last:
+        return {}
+    inventory = host.inventory
+    gone = [name for name in last["datasets"] if name not in inventory.datasets]
+    if gone:
+        raise AerieError(f"the last `inv run` on {host.name} had {', '.join(map(visible, gone))}, no longer in "
+                         f"{inventory.path}: `inv run` starts the pipeline afresh over the datasets it has")
+    route = inventory.stages.extract.route
+    if route not in ("auto", last["route"]):
+        console.print(_line((f"note: stages.extract.route is now {route}; this rerun keeps the last run's route, "
+                             f"{visible(last['route'])} (`inv run` takes the new one)", "yellow")))
+    return {"runner": graph.runner_spec(inventory, last["datasets"], last["route"])}
+
+
+def report_changes(console: Console, relaunched: list[dict[str, Any]]) -> None:
+    """What each rerun job runs with that its last run did not: `A1/extract: stages.extract.layers [2] -> [1]`."""
+    for result in relaunched:
+        if result.get("reruns"):
+            console.print(_line(f"  it runs again: {visible(', '.join(result['reruns']))}"))
+    changes = [(key, change) for r in relaunched for key, found in (r.get("changes") or {}).items() for change in found]
+    for key, (path, before, after) in changes:
+        dataset, _, stage = key.partition("/")
+        console.print(_line(f"{visible(key)}: {visible(job_specs.inventory_key(dataset, stage, path))} "
+                            f"{_setting(before)} -> {_setting(after)}"))
+    if relaunched and not changes:
+        console.print("No setting changed since these jobs last ran.")
+
+
+def _setting(value: Any) -> str:
+    text = "(unset)" if value is None else json.dumps(value, ensure_ascii=False)
+    return visible(text if len(text) <= 80 else text[:79] + "…")
 
 
 def run(host: RemoteHost, console: Console, datasets: list[str] | None, route: str) -> dict[str, Any]:

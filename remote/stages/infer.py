@@ -7,12 +7,20 @@ the same records with the assistant's turn appended (and its
 prep then tokenises.
 
 Resumable by record id. Answers are appended to ``conversations.jsonl.part``
-and made durable per batch; records the server refuses for good (a 4xx other
-than 408/429, an empty answer) go to ``skipped.jsonl``. A restart reads both,
-asks only for the rest, and the finished file is renamed into place when every
-prompt is answered or skipped. ``.journal.json`` remembers which prompts and
+and made durable per batch; records the server refuses (a 4xx other than
+408/429, with what its body says; an empty answer) go to ``skipped.jsonl``,
+each with the settings it was asked with. A restart reads both, asks only for
+the rest, and the finished file is renamed into place when every prompt is
+answered or skipped. A refusal is kept only while the settings it was asked
+with hold and the server has answered something: after an edit of
+``stages.infer`` (its model, its server), or when the server refused
+everything, a rerun asks again. ``.journal.json`` remembers which prompts and
 sampling settings the journal belongs to: new prompts start it over; changed
-sampling settings are refused, so one dataset never mixes two temperatures.
+sampling settings are refused once some prompt is answered, so one dataset
+never mixes two temperatures.
+
+A run in which the server refused every request fails with the server's reason
+(its log shows the first refusal of each reason), never `empty`.
 
 A record that still fails after its retries (server down, 5xx, timeouts) is
 counted under its reason and left for the next run; the job then fails, and
@@ -49,6 +57,8 @@ STATE = ".journal.json"
 MANIFEST = "manifest.json"
 #: Seconds of answers behind the `tokens_per_s` metric.
 RATE_WINDOW = 60.0
+#: Distinct refusal reasons (a 4xx with its server's words) counted apart; the rest count under one.
+REASONS_KEPT = 20
 
 
 class InferError(Exception):
@@ -87,6 +97,10 @@ def open_journal(output: Path, upstream: Upstream, settings: InferSettings, prog
     state = read_json(output / STATE)
     if state and state.get("prompts_sha256") != upstream.sha256:
         progress.note("prompts changed since the last run: starting over")
+        state = None
+    if state and state.get("sampling") != settings.sampling() and not _has_answers(output):
+        # NOTE: nothing answered (a server that refused every request, a model misnamed): nothing can mix.
+        progress.note("stages.infer settings changed and no prompt was answered yet: asking every prompt again")
         state = None
     if state is None:
         for name in (PART, SKIPPED, OUTPUT):
@@ -132,6 +146,10 @@ class InferRun:
         self.done: set[str] = set()
         self.failed: dict[str, int] = {}
         self.failed_in_a_row = 0
+        self.asked_with = asked_with(settings)
+        self.refusals: dict[str, int] = {}  # this run's and kept ones, by reason
+        self.logged: set[str] = set()  # the reasons whose first refusal the log shows
+        self.answered_any = False
         self.totals = {"retries": 0, "truncated": 0, "completion_tokens": 0}
         self.tuner: Autotuner | Fixed = (
             Autotuner(settings.max_concurrency) if settings.is_auto else Fixed(settings.concurrency))
@@ -140,15 +158,43 @@ class InferRun:
         self.total = 0
 
     def resume(self) -> int:
-        """Read what earlier runs finished; return how many records that is."""
+        """Read what earlier runs finished; return how many records that is. A refusal is kept only if
+        it was asked with these settings and the server has answered something: else it is asked again."""
         for record in self.answers.read():
             self.done.add(record["id"])
             self.progress.written()
-        for record in self.refused.read():
+        self.answered_any = bool(self.done)
+        refused = list(self.refused.read())
+        kept = [r for r in refused if self.answered_any and r.get("asked_with") == self.asked_with]
+        if len(kept) < len(refused):
+            self.refused.replace(kept)
+            print(f"infer: asking again {len(refused) - len(kept)} prompts the server refused "
+                  f"({'its settings changed since' if self.answered_any else 'it answered none'})", flush=True)
+        for record in kept:
             self.done.add(record["id"])
-            self.progress.skipped(record.get("reason", "refused"))
+            self.count_refusal(record.get("reason", "refused"))
         self.progress.resumed()
         return len(self.done)
+
+    def refusal(self, result: Result) -> dict[str, Any]:
+        """The journal's line for a prompt the server refused: its reason with the server's words, the
+        first of each reason also in the log."""
+        failure = result.failure
+        reason = "empty answer" if failure is None else f"{failure.reason}: {failure.detail}" if failure.detail else failure.reason
+        if reason not in self.refusals and len(self.refusals) >= REASONS_KEPT:
+            reason = f"{failure.reason if failure else reason} (other reasons: see the log)"
+        if reason not in self.logged:
+            self.logged.add(reason)
+            print(f"infer: the server refused prompt {result.record['id']}: {reason}", flush=True)
+        return {"id": result.record["id"], "reason": reason, "asked_with": self.asked_with}
+
+    def count_refusal(self, reason: str) -> None:
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+        self.progress.skipped(reason)
+
+    def refuses_everything(self) -> bool:
+        """The server refused every request it got and answered none (a misnamed model, a bad setting)."""
+        return not self.answered_any and bool(self.refusals)
 
     def answer_all(self, prompts: Iterator[dict[str, Any]]) -> int:
         """Answer every prompt not yet done; return how many prompts there are in all."""
@@ -174,7 +220,7 @@ class InferRun:
         """The prompts still to ask for, counting every prompt into `total` on the way."""
         for record in prompts:
             self.total += 1
-            if record["id"] in self.done or self.is_server_gone():
+            if record["id"] in self.done or self.is_server_gone() or self.is_refusing_all():
                 continue  # a gone server: still count the prompts, so the message says how many are left
             yield record
 
@@ -187,10 +233,8 @@ class InferRun:
             self.observe(result, level)
             if result.answer is not None and (result.answer.content or result.answer.reasoning_content):
                 answered.append(result)
-            elif result.answer is not None:
-                refused.append({"id": result.record["id"], "reason": "empty answer"})
-            elif result.failure is not None and not result.failure.retryable:
-                refused.append({"id": result.record["id"], "reason": result.failure.reason})
+            elif result.answer is not None or (result.failure is not None and not result.failure.retryable):
+                refused.append(self.refusal(result))
             else:
                 self.fail(result)
         self.answers.append([_conversation(r) for r in answered])
@@ -230,9 +274,10 @@ class InferRun:
             self.progress.written()
         for record in refused:
             self.done.add(record["id"])
-            self.progress.skipped(record["reason"])
+            self.count_refusal(record["reason"])
         if answered:
             self.failed_in_a_row = 0
+            self.answered_any = True
         self.progress.metrics(**self.totals, concurrency=self.tuner.concurrency,
                               tokens_per_s=round(self.tokens_per_s(), 1))
 
@@ -243,6 +288,11 @@ class InferRun:
         full retry budget (hours for 88k records) before the job could fail.
         """
         return self.failed_in_a_row >= max(8, 2 * self.tuner.concurrency)
+
+    def is_refusing_all(self) -> bool:
+        """True once as many requests as `is_server_gone` counts were refused and none answered: the
+        rest would be refused too, and asking them would only bury the reason."""
+        return self.refuses_everything() and sum(self.refusals.values()) >= max(8, 2 * self.tuner.concurrency)
 
     def close(self) -> None:
         self.answers.close()
@@ -306,6 +356,12 @@ def run_stage(ctx: StageContext, progress: Progress) -> None:
         total = run.answer_all(read_prompts(upstream.prompts, progress))
     finally:
         run.close()
+    if run.refuses_everything():
+        why = "; ".join(f"{reason} (×{n})" for reason, n in sorted(run.refusals.items(), key=lambda kv: -kv[1])[:3])
+        raise InferError(
+            f"the server at {settings.server_url} refused every request and answered none: {why}; "
+            f"fix stages.infer in the inventory (model {settings.model!r}), then `inv rerun --failed` asks again"
+        )
     left = total - len(run.done)
     if left:
         why = ", ".join(f"{reason}: {n}" for reason, n in sorted(run.failed.items()))
@@ -337,6 +393,17 @@ def _prompt(line: str) -> dict[str, Any] | None:
     if not isinstance(turns, list) or not turns or not all(isinstance(t, dict) and "role" in t for t in turns):
         return None
     return {"id": str(record["id"]), "conversations": turns}
+
+
+def asked_with(settings: InferSettings) -> str:
+    """A short digest of what decides the server's answer to a prompt (its address, the sampling): a
+    refusal under other settings may be answered now."""
+    what = json.dumps({"server_url": settings.server_url, **settings.sampling()}, sort_keys=True)
+    return hashlib.sha256(what.encode()).hexdigest()[:16]
+
+
+def _has_answers(output: Path) -> bool:
+    return any((output / name).exists() and (output / name).stat().st_size > 0 for name in (PART, OUTPUT))
 
 
 def _count_lines(path: Path) -> int:
