@@ -108,6 +108,7 @@ def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages
     relaunched = [r for r in results if r["launched"]]
     report(console, relaunched, "relaunched")
     report_changes(console, relaunched)
+    _note_unserved(host, console, relaunched)
     if not relaunched:
         console.print("Nothing to rerun: no job is failed, died, empty or stalled.")
     return relaunched
@@ -139,10 +140,21 @@ def report_changes(console: Console, relaunched: list[dict[str, Any]]) -> None:
     changes = [(key, change) for r in relaunched for key, found in (r.get("changes") or {}).items() for change in found]
     for key, (path, before, after) in changes:
         dataset, _, stage = key.partition("/")
-        console.print(_line(f"{visible(key)}: {visible(job_specs.inventory_key(dataset, stage, path))} "
+        console.print(_line(f"  {visible(key)}: {visible(job_specs.inventory_key(dataset, stage, path))} "
                             f"{_setting(before)} -> {_setting(after)}"))
     if relaunched and not changes:
         console.print("No setting changed since these jobs last ran.")
+
+
+def _note_unserved(host: RemoteHost, console: Console, relaunched: list[dict[str, Any]]) -> None:
+    """An infer job relaunched on its own (started by `inv launch`, not by `inv run`) gets no managed
+    server: only the pipeline's runner starts `stages.infer.server_command` (on Slurm, the job itself)."""
+    infer = host.inventory.stages.infer
+    alone = [f"{r['dataset']}/infer" for r in relaunched if r["stage"] == "infer"]
+    if alone and infer.server_command and host.inventory.executor == "process":
+        console.print(_line((f"note: {visible(', '.join(alone))} run on their own, not under `inv run`'s runner, which "
+                             f"alone starts stages.infer.server_command: start the server, or `inv run` to have it "
+                             f"started", "yellow")))
 
 
 def _setting(value: Any) -> str:
