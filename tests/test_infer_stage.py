@@ -294,3 +294,28 @@ def test_a_pinned_concurrency_never_moves(tmp_path: Path) -> None:
     with ScriptedServer() as server:
         progress = run_infer(data, {**FAST, "server_url": server.url, "concurrency": 3})
     assert progress.values["concurrency"] == 3
+
+
+def test_a_rerun_that_fails_leaves_the_finished_answers_and_manifest_in_place(tmp_path: Path) -> None:
+    data = tmp_path / "data" / "B5"
+    output = data / "infer"
+    write_prep(data, make_prompts(4))
+    too_long = prompt_text(1)
+
+    def strict(body: dict[str, Any], attempt: int) -> tuple[int, Any]:
+        return (400, {"detail": "too long"}) if last_user(body) == too_long else (200, completion("ok"))
+
+    with ScriptedServer(strict) as first, ScriptedServer(lambda body, attempt: (503, {})) as down, \
+            ScriptedServer() as good:
+        run_infer(data, {**FAST, "server_url": first.url})
+        finished = (output / "conversations.jsonl").read_bytes(), (output / "manifest.json").read_bytes()
+        with pytest.raises(infer.InferError, match="1 of 4 prompts not answered"):
+            run_infer(data, {**FAST, "retries": 0, "server_url": down.url})  # the refused one, asked again
+        assert ((output / "conversations.jsonl").read_bytes(), (output / "manifest.json").read_bytes()) == finished
+        progress = run_infer(data, {**FAST, "server_url": good.url})
+
+    assert good.asked_for() == [too_long]
+    ids = [r["id"] for r in read_jsonl(output / "conversations.jsonl")]
+    assert sorted(ids) == [f"p00{i}" for i in range(4)] and progress.records == 4
+    assert json.loads((output / "manifest.json").read_text())["records"] == 4
+    assert not (output / infer.PART).exists()

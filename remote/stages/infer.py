@@ -20,7 +20,10 @@ sampling settings are refused once some prompt is answered, so one dataset
 never mixes two temperatures.
 
 A run in which the server refused every request fails with the server's reason
-(its log shows the first refusal of each reason), never `empty`.
+(its log shows the first refusal of each reason), never `empty`. A finished
+``conversations.jsonl`` and its manifest stay in place while a later run
+(`inv launch --force`, a fresh `inv run`, a rerun that asks refusals again)
+adds to it: only that run's success replaces them.
 
 A record that still fails after its retries (server down, 5xx, timeouts) is
 counted under its reason and left for the next run; the job then fails, and
@@ -32,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 import urllib.error
 from collections import deque
@@ -46,6 +50,7 @@ from remote.infer.client import ChatClient, Result
 from remote.infer.journal import Journal
 from remote.infer.infer_settings import InferSettings, SettingsError
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
+from remote.control_plane.scratch import temporary_name
 from remote import stages
 from remote.stages import StageContext
 
@@ -92,8 +97,11 @@ def read_upstream(ctx: StageContext) -> Upstream:
     return Upstream(prompts, str(manifest["release"]), _sha256(prompts))
 
 
-def open_journal(output: Path, upstream: Upstream, settings: InferSettings, progress: Progress) -> None:
-    """Make `output` hold the journal of these prompts and settings: continued, restored or new."""
+def open_journal(output: Path, upstream: Upstream, settings: InferSettings, progress: Progress) -> bool:
+    """Make `output` hold the journal of these prompts and settings: continued, restored or new. True when
+    the finished file of an earlier run holds answers to these prompts with these settings: it stays in
+    place, with its manifest, until this run finishes (a run stopped meanwhile leaves the dataset as it
+    was), and the journal holds only what this run adds."""
     state = read_json(output / STATE)
     if state and state.get("prompts_sha256") != upstream.sha256:
         progress.note("prompts changed since the last run: starting over")
@@ -103,17 +111,22 @@ def open_journal(output: Path, upstream: Upstream, settings: InferSettings, prog
         progress.note("stages.infer settings changed and no prompt was answered yet: asking every prompt again")
         state = None
     if state is None:
-        for name in (PART, SKIPPED, OUTPUT):
+        for name in (PART, SKIPPED):  # a finished file of other prompts is replaced only at the end
             (output / name).unlink(missing_ok=True)
     elif state.get("sampling") != settings.sampling():
         raise InferError(_changed_settings(state.get("sampling") or {}, settings.sampling(), output))
-    # Until the end the output is incomplete: no manifest, and a finished
-    # file from an earlier run becomes the journal again.
-    (output / MANIFEST).unlink(missing_ok=True)
-    if (output / OUTPUT).exists() and not (output / PART).exists():
-        os.replace(output / OUTPUT, output / PART)
-    (output / OUTPUT).unlink(missing_ok=True)
+    finished = _finished_for(output, upstream, settings)
+    if not finished and state is not None and (output / OUTPUT).exists() and not (output / PART).exists():
+        os.replace(output / OUTPUT, output / PART)  # a finish cut short before its manifest: the journal again
     write_json_atomic(output / STATE, {"prompts_sha256": upstream.sha256, "sampling": settings.sampling()})
+    return finished
+
+
+def _finished_for(output: Path, upstream: Upstream, settings: InferSettings) -> bool:
+    manifest = read_json(output / MANIFEST)
+    return ((output / OUTPUT).exists() and isinstance(manifest, dict)
+            and (manifest.get("upstream") or {}).get("prompts_sha256") == upstream.sha256
+            and manifest.get("sampling") == settings.sampling())
 
 
 def read_prompts(path: Path, progress: Progress) -> Iterator[dict[str, Any]]:
@@ -136,11 +149,12 @@ def read_prompts(path: Path, progress: Progress) -> Iterator[dict[str, Any]]:
 class InferRun:
     """One run of the stage over one dataset's prompts."""
 
-    def __init__(self, output: Path, settings: InferSettings, progress: Progress) -> None:
+    def __init__(self, output: Path, settings: InferSettings, progress: Progress, finished: bool = False) -> None:
         self.output = output
         self.settings = settings
         self.progress = progress
         self.client = ChatClient(settings)
+        self.finished = Journal(output / OUTPUT) if finished else None  # an earlier run's answers, kept in place
         self.answers = Journal(output / PART)
         self.refused = Journal(output / SKIPPED)
         self.done: set[str] = set()
@@ -160,9 +174,10 @@ class InferRun:
     def resume(self) -> int:
         """Read what earlier runs finished; return how many records that is. A refusal is kept only if
         it was asked with these settings and the server has answered something: else it is asked again."""
-        for record in self.answers.read():
-            self.done.add(record["id"])
-            self.progress.written()
+        for journal in ([self.finished] if self.finished else []) + [self.answers]:
+            for record in journal.read():
+                self.done.add(record["id"])
+                self.progress.written()
         self.answered_any = bool(self.done)
         refused = list(self.refused.read())
         kept = [r for r in refused if self.answered_any and r.get("asked_with") == self.asked_with]
@@ -300,10 +315,26 @@ class InferRun:
 
 
 def finish(output: Path, ctx: StageContext, upstream: Upstream, settings: InferSettings, run: InferRun) -> None:
-    """Rename the journal into the finished file and write the manifest last."""
+    """Rename the journal into the finished file (after an earlier run's answers kept in place, if any) and
+    write the manifest last."""
     run.close()
     (output / PART).touch()
-    os.replace(output / PART, output / OUTPUT)
+    if run.finished is not None and (output / PART).stat().st_size:
+        whole = output / temporary_name(OUTPUT)
+        with open(whole, "wb") as target:
+            for name in (OUTPUT, PART):
+                with open(output / name, "rb") as source:
+                    shutil.copyfileobj(source, target, 1 << 20)
+            target.flush()
+            os.fsync(target.fileno())
+        (output / MANIFEST).unlink()  # from here the finished file is this run's
+        os.replace(whole, output / OUTPUT)
+        (output / PART).unlink()
+    elif run.finished is not None:
+        (output / PART).unlink()  # nothing new: the kept file is the whole answer
+    else:
+        (output / MANIFEST).unlink(missing_ok=True)  # an earlier run's, of other prompts
+        os.replace(output / PART, output / OUTPUT)
     write_json_atomic(
         output / MANIFEST,
         {
@@ -347,9 +378,9 @@ def run_stage(ctx: StageContext, progress: Progress) -> None:
     upstream = read_upstream(ctx)
     check_reachable(settings)
     ctx.output.mkdir(parents=True, exist_ok=True)
-    open_journal(ctx.output, upstream, settings, progress)
+    finished = open_journal(ctx.output, upstream, settings, progress)
     progress.expect(_count_lines(upstream.prompts))
-    run = InferRun(ctx.output, settings, progress)
+    run = InferRun(ctx.output, settings, progress, finished)
     try:
         before = run.resume()
         progress.note(f"answering prompts from {settings.server_url} ({before} done before)")
