@@ -138,10 +138,10 @@ def rerun(args: dict[str, Any]) -> Any:
 
     def relaunch(directory: Path) -> dict[str, Any]:
         stored = stored_spec(directory)
-        spec = fresh.get(layout.key_of(directory)) or stored
-        if not spec:
-            return {"dataset": directory.parent.name, "stage": directory.name, "launched": False,
-                    "reason": f"broken: {layout.SPEC} is missing or unreadable: launch the job again from the workstation"}
+        try:
+            spec = fresh.get(layout.key_of(directory)) or JobStore(root).spec(directory)
+        except BrokenJob as exc:
+            return {"dataset": directory.parent.name, "stage": directory.name, "launched": False, "reason": f"broken: {exc}"}
         return {**jobs.launch(root, spec, only=only), "changes": {layout.key_of(directory): _changes(stored, spec)}}
 
     return results + each(relaunch, [d for d in selected if layout.key_of(d) not in planned | {layout.RUNNER_KEY}])
