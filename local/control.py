@@ -101,10 +101,11 @@ def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages
     names = mine(host, datasets)
     if names == []:
         return []
-    results = host.call(
-        "rerun", specs=job_specs.all_specs(inventory), states=sorted(s.value for s in BAD),
-        datasets=names, stages=stages, **rebuilt_pipeline(host, console),
-    )
+    request = {"specs": job_specs.all_specs(inventory), "states": sorted(s.value for s in BAD), "datasets": names,
+               "stages": stages}
+    results = host.call("rerun", **request, rebuild=True)
+    if isinstance(results, dict):  # the host asks for the last `inv run`'s pipeline, rebuilt: then it reruns
+        results = host.call("rerun", **request, **rebuilt_pipeline(host, console, results["rebuild"]))
     relaunched = [r for r in results if r["launched"]]
     report(console, relaunched, "relaunched")
     report_changes(console, relaunched)
@@ -114,12 +115,9 @@ def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages
     return relaunched
 
 
-def rebuilt_pipeline(host: RemoteHost, console: Console) -> dict[str, Any]:
-    """The last `inv run`'s runner rebuilt from the inventory as it is now (its datasets and route, as
-    the host recorded them), so that a rerun of its jobs runs with what was fixed; {} where none is recorded."""
-    last = host.call("last_run")
-    if not last:
-        return {}
+def rebuilt_pipeline(host: RemoteHost, console: Console, last: dict[str, Any]) -> dict[str, Any]:
+    """The last `inv run`'s runner rebuilt from the inventory as it is now, from its datasets and route
+    (`last`, as the host recorded them), so that a rerun of its jobs runs with what was fixed."""
     inventory = host.inventory
     gone = [name for name in last["datasets"] if name not in inventory.datasets]
     if gone:  # NOTE: not refused: the rerun may be of jobs outside that pipeline

@@ -116,6 +116,9 @@ def _queued_id(root: Path, key: str) -> str | None:
 def rerun(args: dict[str, Any]) -> Any:
     """Relaunch the jobs in a bad state, each with the workstation's fresh spec if it sent one, and
     say what changed in each since its last run (`changes`: by job, `remote.control_plane.spec_changes`).
+    With `rebuild`, a rerun of a pipeline's jobs first answers `{"rebuild": {"datasets", "route"}}` (the
+    last `inv run`'s), relaunching nothing: the workstation rebuilds that pipeline from the inventory as
+    it is now and asks again with it (`runner`).
 
     Jobs of an `inv run` pipeline are not relaunched one by one: the pipeline runner is,
     resumed, so that dependencies and the GPU's exclusivity still hold; with `runner` (its spec
@@ -128,9 +131,15 @@ def rerun(args: dict[str, Any]) -> Any:
     fresh = args.get("specs", {}) | plan_specs(runner)
     selected = [d for d in jobs.all_job_dirs(root) if _selected(args, d.parent.name, d.name)]
     described = {layout.key_of(d): job for d, job in zip(selected, jobs.describe_all(root, selected, time.time()))}
+    planned = pipeline_keys(root)
+    bad = {key for key, job in described.items() if JobState(job["state"]) in only or job.get("blocked_by")}
+    # NOTE: asked for only when a pipeline's job is to run again: other reruns stay one command.
+    if args.get("rebuild") and runner is None and any(_in_pipeline(root, key, planned) for key in bad):
+        run = last_run(args)
+        if run:
+            return {"rebuild": run}
     if any(_executor(d, fresh).queues for d in selected):
         return rerun_in_order(root, selected, described, only, fresh, runner)
-    planned = pipeline_keys(root)
     bad = {key for key, job in described.items() if JobState(job["state"]) in only}
     results = []
     if bad & (planned | {layout.RUNNER_KEY}):
@@ -145,6 +154,11 @@ def rerun(args: dict[str, Any]) -> Any:
         return {**jobs.launch(root, spec, only=only), "changes": {layout.key_of(directory): _changes(stored, spec)}}
 
     return results + each(relaunch, [d for d in selected if layout.key_of(d) not in planned | {layout.RUNNER_KEY}])
+
+
+def _in_pipeline(root: Path, key: str, planned: set[str]) -> bool:
+    """Part of the last `inv run`: its runner, a job of its plan, or a queued job that carries it (Slurm)."""
+    return key in planned or key == layout.RUNNER_KEY or "run" in stored_spec(layout.key_dir(root, key))
 
 
 def plan_specs(runner: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -167,7 +181,7 @@ def _changes(stored: dict[str, Any], spec: dict[str, Any]) -> list[list[Any]]:
     return spec_changes.changes(stored, spec) if stored else []
 
 
-def last_run(args: dict[str, Any]) -> Any:
+def last_run(args: dict[str, Any]) -> dict[str, Any]:
     """The datasets and route of the last `inv run` (`{"datasets", "route"}`), from which the
     workstation rebuilds its jobs' specs for `inv rerun`; {} where none is recorded (no pipeline, or one
     started by an older release)."""
@@ -353,7 +367,6 @@ VERBS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "assets": assets,
     "eval_report": eval_report,
     "plan": plan,
-    "last_run": last_run,
 }
 
 

@@ -76,17 +76,11 @@ def test_a_key_one_spec_lacks_is_a_change_from_or_to_nothing() -> None:
         [["config", "stage", "limit"], None, 5]]
 
 
-class RecordedRun:
-    """A host whose last `inv run` is `last` (what `python -m remote last_run` answers)."""
-
+class Named:
     name = "gpu"
 
-    def __init__(self, inventory: object, last: dict) -> None:
-        self.inventory, self.last = inventory, last
-
-    def call(self, verb: str, **args: object) -> dict:
-        assert verb == "last_run"
-        return self.last
+    def __init__(self, inventory: object) -> None:
+        self.inventory = inventory
 
 
 def test_a_rerun_rebuilds_the_last_runs_pipeline_and_not_one_whose_dataset_is_gone(tmp_path: Path) -> None:
@@ -98,11 +92,10 @@ def test_a_rerun_rebuilds_the_last_runs_pipeline_and_not_one_whose_dataset_is_go
 
     now = inventory(tmp_path, [1, 2, 3])
     console = Console(file=io.StringIO())
-    rebuilt = control.rebuilt_pipeline(RecordedRun(now, {"datasets": ["B5"], "route": "offline"}), console)
+    rebuilt = control.rebuilt_pipeline(Named(now), console, {"datasets": ["B5"], "route": "offline"})
     plan = rebuilt["runner"]["config"]["stage"]["plan"]
     assert [n["key"] for n in plan] == ["B5/prep", "B5/infer", "B5/tokenize", "B5/extract", "draft/train"]
     assert plan[3]["spec"]["config"]["stage"]["layers"] == [1, 2, 3]
-    assert control.rebuilt_pipeline(RecordedRun(now, {}), console) == {}  # no pipeline, or an older release's
-    assert control.rebuilt_pipeline(RecordedRun(now, {"datasets": ["B5", "C9"], "route": "offline"}), console) == {}
+    assert control.rebuilt_pipeline(Named(now), console, {"datasets": ["B5", "C9"], "route": "offline"}) == {}
     said = " ".join(console.file.getvalue().split())
     assert "the last `inv run` on gpu had C9, no longer in" in said and "rerun with the specs of their last run" in said
