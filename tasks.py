@@ -40,14 +40,15 @@ def deploy(c: Context, inventory: str | None = None, dry_run: bool = False, reva
         hosts.raise_failures(hosts.each(lambda host, out: control.deploy(host, out, dry_run), console()))
 
 
-@task(help={"stage": "the stage to run: prep, infer, extract or train", "dataset": DATASET, "inventory": INVENTORY})
-def launch(c: Context, stage: str, dataset: str | None = None, inventory: str | None = None) -> None:
+@task(help={"stage": "the stage to run: prep, infer, extract or train", "dataset": DATASET, "inventory": INVENTORY,
+            "force": "run again a job that has succeeded (its output is kept until the new run succeeds)"})
+def launch(c: Context, stage: str, dataset: str | None = None, inventory: str | None = None, force: bool = False) -> None:
     """Start one detached job per dataset for a stage."""
     with fleet(inventory_name(c, inventory)) as hosts:
         hosts.inventory.stage(stage)  # an unknown stage or dataset is refused before anything runs
         hosts.inventory.select(control.split(dataset))
-        hosts.raise_failures(hosts.each(lambda host, out: control.launch(host, out, stage, control.split(dataset)),
-                                        console()))
+        hosts.raise_failures(hosts.each(
+            lambda host, out: control.launch(host, out, stage, control.split(dataset), force), console()))
 
 
 @task(help={"inventory": INVENTORY, "json": "print a JSON list instead of the table",

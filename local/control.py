@@ -77,13 +77,23 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | N
     return release
 
 
-def launch(host: RemoteHost, console: Console, stage: str, datasets: list[str] | None) -> list[dict[str, Any]]:
+def launch(host: RemoteHost, console: Console, stage: str, datasets: list[str] | None,
+           force: bool = False) -> list[dict[str, Any]]:
+    """One job per dataset; a succeeded one only with `force` (its output stays until the new run succeeds)."""
     names = mine(host, datasets)
     if names == [] or not host.inventory.datasets:
         return []
-    results = host.call("launch", specs=job_specs.specs(host.inventory, stage, names))
-    report(console, results, "launched")
+    results = host.call("launch", specs=job_specs.specs(host.inventory, stage, names), force=force)
+    report(console, [_with_force_hint(r) for r in results], "launched")
     return results
+
+
+def _with_force_hint(result: dict[str, Any]) -> dict[str, Any]:
+    """A job kept because it succeeded names the flag that runs it again."""
+    if not result.get("succeeded"):
+        return result
+    return {**result, "reason": f"{result['reason']}; `inv launch --stage {result['stage']} "
+                                f"--dataset {result['dataset']} --force` runs it again"}
 
 
 def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages: list[str] | None) -> list[dict[str, Any]]:
@@ -91,15 +101,65 @@ def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages
     names = mine(host, datasets)
     if names == []:
         return []
-    results = host.call(
-        "rerun", specs=job_specs.all_specs(inventory), states=sorted(s.value for s in BAD),
-        datasets=names, stages=stages,
-    )
+    request = {"specs": job_specs.all_specs(inventory), "states": sorted(s.value for s in BAD), "datasets": names,
+               "stages": stages}
+    results = host.call("rerun", **request, rebuild=True)
+    if isinstance(results, dict):  # the host asks for the last `inv run`'s pipeline, rebuilt: then it reruns
+        results = host.call("rerun", **request, **rebuilt_pipeline(host, console, results["rebuild"]))
     relaunched = [r for r in results if r["launched"]]
     report(console, relaunched, "relaunched")
+    report_changes(console, relaunched)
+    _note_unserved(host, console, relaunched)
     if not relaunched:
         console.print(f"Nothing to rerun: no job is {', '.join(sorted(s.value for s in BAD))}.")
     return relaunched
+
+
+def rebuilt_pipeline(host: RemoteHost, console: Console, last: dict[str, Any]) -> dict[str, Any]:
+    """The last `inv run`'s runner rebuilt from the inventory as it is now, from its datasets and route
+    (`last`, as the host recorded them), so that a rerun of its jobs runs with what was fixed."""
+    inventory = host.inventory
+    gone = [name for name in last["datasets"] if name not in inventory.datasets]
+    if gone:  # NOTE: not refused: the rerun may be of jobs outside that pipeline
+        console.print(_line((f"note: the last `inv run` on {host.name} had {', '.join(map(visible, gone))}, no longer "
+                             f"in {inventory.path}: its jobs rerun with the specs of their last run; `inv run` starts "
+                             f"afresh over the datasets the inventory has", "yellow")))
+        return {}
+    route = inventory.stages.extract.route
+    if route not in ("auto", last["route"]):
+        console.print(_line((f"note: stages.extract.route is now {route}; this rerun keeps the last run's route, "
+                             f"{visible(last['route'])} (`inv run` takes the new one)", "yellow")))
+    return {"runner": graph.runner_spec(inventory, last["datasets"], last["route"])}
+
+
+def report_changes(console: Console, relaunched: list[dict[str, Any]]) -> None:
+    """What each rerun job runs with that its last run did not: `A1/extract: stages.extract.layers [2] -> [1]`."""
+    for result in relaunched:
+        if result.get("reruns"):
+            console.print(_line(f"  it runs again: {visible(', '.join(result['reruns']))}"))
+    changes = [(key, change) for r in relaunched for key, found in (r.get("changes") or {}).items() for change in found]
+    for key, (path, before, after) in changes:
+        dataset, _, stage = key.partition("/")
+        console.print(_line(f"  {visible(key)}: {visible(job_specs.inventory_key(dataset, stage, path))} "
+                            f"{_setting(before)} -> {_setting(after)}"))
+    if relaunched and not changes:
+        console.print("No setting changed since these jobs last ran.")
+
+
+def _note_unserved(host: RemoteHost, console: Console, relaunched: list[dict[str, Any]]) -> None:
+    """An infer job relaunched on its own (started by `inv launch`, not by `inv run`) gets no managed
+    server: only the pipeline's runner starts `stages.infer.server_command` (on Slurm, the job itself)."""
+    infer = host.inventory.stages.infer
+    alone = [f"{r['dataset']}/infer" for r in relaunched if r["stage"] == "infer"]
+    if alone and infer.server_command and host.inventory.executor == "process":
+        console.print(_line((f"note: {visible(', '.join(alone))} run on their own, not under `inv run`'s runner, which "
+                             f"alone starts stages.infer.server_command: start the server, or `inv run` to have it "
+                             f"started", "yellow")))
+
+
+def _setting(value: Any) -> str:
+    text = "(unset)" if value is None else json.dumps(value, ensure_ascii=False)
+    return visible(text if len(text) <= 80 else text[:79] + "…")
 
 
 def run(host: RemoteHost, console: Console, datasets: list[str] | None, route: str) -> dict[str, Any]:

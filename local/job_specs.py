@@ -67,6 +67,26 @@ def all_specs(inventory: Inventory) -> dict[str, dict[str, Any]]:
     }
 
 
+def inventory_key(dataset: str, stage: str, path: list[str]) -> str:
+    """The inventory's name of the setting at `path` in the spec of `dataset`'s `stage` (as `spec` and
+    graph's draft jobs build it), for a rerun to say what changed: ``stages.extract.layers``."""
+    head, rest = (path[0], path[1:]) if path else ("", [])
+    if head == "config" and rest[:1] == ["stage"]:
+        inner = rest[1:]
+        if stage == "chunked":  # both stages' settings under their names; the budget is extract's
+            return ".".join(["stages", *(inner if inner[:1] in (["extract"], ["train"]) else ["extract", *inner])])
+        return ".".join(["stages", settings_of(stage), *inner])
+    if head == "config" and rest[:2] == ["inventory", "target"]:
+        return ".".join(["target", *rest[2:]])
+    if head == "config" and rest[:1] == ["dataset"]:
+        return ".".join(["datasets", dataset, *rest[1:]])
+    if head in ("command", "stall_after", "log_limit"):
+        return f"stages.{settings_of(stage)}.{head}"
+    if head in ("source", "kind"):
+        return f"datasets.{dataset}.{head}"
+    return ".".join(path)
+
+
 def on_host(settings: Any, root: str) -> Any:
     """`{root}` in a setting means the host's root (e.g. assets built there by `inv demo`), at any depth."""
     if isinstance(settings, dict):

@@ -62,7 +62,8 @@ def launch(args: dict[str, Any]) -> Any:
     root = Path(args["root"])
     if any("after" in spec for spec in args["specs"]):
         return submit_in_order(root, args["specs"])
-    return jobs.launch_all(root, args["specs"], each=each)
+    # NOTE: a finished job is run again only when asked (`inv launch --force`): a relaunch replaces its output.
+    return jobs.launch_all(root, args["specs"], each=each, keep_done=not args.get("force"))
 
 
 def run(args: dict[str, Any]) -> Any:
@@ -74,7 +75,7 @@ def run(args: dict[str, Any]) -> Any:
     if plan and all(executors.for_spec(node["spec"]).queues for node in plan):
         # NOTE: no runner: the queue keeps the order, its resources keep the GPUs exclusive, and an
         # infer job starts its own server inside its allocation.
-        specs = [node["spec"] | {"after": node["needs"], "order": index}
+        specs = [node["spec"] | {"after": node["needs"], "order": index, "run": stage.get("run")}
                  | ({"server": stage.get("server")} if node["server"] else {})
                  for index, node in enumerate(plan)]
         return {"queued": submit_in_order(root, specs)}
@@ -113,33 +114,86 @@ def _queued_id(root: Path, key: str) -> str | None:
 
 
 def rerun(args: dict[str, Any]) -> Any:
-    """Relaunch the jobs in a bad state, each with the workstation's fresh spec if it sent one.
+    """Relaunch the jobs in a bad state, each with the workstation's fresh spec if it sent one, and
+    say what changed in each since its last run (`changes`: by job, `remote.control_plane.spec_changes`).
+    With `rebuild`, a rerun of a pipeline's jobs first answers `{"rebuild": {"datasets", "route"}}` (the
+    last `inv run`'s), relaunching nothing: the workstation rebuilds that pipeline from the inventory as
+    it is now and asks again with it (`runner`).
 
     Jobs of an `inv run` pipeline are not relaunched one by one: the pipeline runner is,
-    resumed, so that dependencies and the GPU's exclusivity still hold. Where the executor
-    queues jobs itself (Slurm), they are submitted again in plan order instead.
+    resumed, so that dependencies and the GPU's exclusivity still hold; with `runner` (its spec
+    rebuilt from the inventory as it is now), it runs the jobs with their new specs. Where the
+    executor queues jobs itself (Slurm), they are submitted again in plan order instead.
     """
     root = Path(args["root"])
     only = {JobState(s) for s in args.get("states", [s.value for s in BAD])}
-    fresh = args.get("specs", {})
+    runner = args.get("runner")
+    fresh = args.get("specs", {}) | plan_specs(runner)
     selected = [d for d in jobs.all_job_dirs(root) if _selected(args, d.parent.name, d.name)]
     described = {layout.key_of(d): job for d, job in zip(selected, jobs.describe_all(root, selected, time.time()))}
-    if any(_executor(d, fresh).queues for d in selected):
-        return rerun_in_order(root, selected, described, only, fresh)
     planned = pipeline_keys(root)
+    bad = {key for key, job in described.items() if JobState(job["state"]) in only or job.get("blocked_by")}
+    # NOTE: asked for only when a pipeline's job is to run again: other reruns stay one command.
+    if args.get("rebuild") and runner is None and any(_in_pipeline(root, key, planned) for key in bad):
+        run = last_run(args)
+        if run:
+            return {"rebuild": run}
+    if any(_executor(d, fresh).queues for d in selected):
+        return rerun_in_order(root, selected, described, only, fresh, runner)
     bad = {key for key, job in described.items() if JobState(job["state"]) in only}
     results = []
     if bad & (planned | {layout.RUNNER_KEY}):
-        results.append(resume_pipeline(root))
+        results.append(resume_pipeline(root, runner))
 
     def relaunch(directory: Path) -> dict[str, Any]:
+        stored = stored_spec(directory)
         try:
             spec = fresh.get(layout.key_of(directory)) or JobStore(root).spec(directory)
         except BrokenJob as exc:
             return {"dataset": directory.parent.name, "stage": directory.name, "launched": False, "reason": f"broken: {exc}"}
-        return jobs.launch(root, spec, only=only)
+        return {**jobs.launch(root, spec, only=only), "changes": {layout.key_of(directory): _changes(stored, spec)}}
 
     return results + each(relaunch, [d for d in selected if layout.key_of(d) not in planned | {layout.RUNNER_KEY}])
+
+
+def _in_pipeline(root: Path, key: str, planned: set[str]) -> bool:
+    """Part of the last `inv run`: its runner, a job of its plan, or a queued job that carries it (Slurm)."""
+    return key in planned or key == layout.RUNNER_KEY or "run" in stored_spec(layout.key_dir(root, key))
+
+
+def plan_specs(runner: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The specs of a rebuilt runner's jobs, by key."""
+    plan = (runner or {}).get("config", {}).get("stage", {}).get("plan", [])
+    return {node["key"]: node["spec"] for node in plan}
+
+
+def stored_spec(directory: Path) -> dict[str, Any]:
+    """The spec the job last ran with; {} when there is none to read."""
+    try:
+        return JobStore(layout.root_of(directory)).spec(directory)
+    except BrokenJob:
+        return {}
+
+
+def _changes(stored: dict[str, Any], spec: dict[str, Any]) -> list[list[Any]]:
+    from remote.control_plane import spec_changes  # here: only a rerun compares specs
+
+    return spec_changes.changes(stored, spec) if stored else []
+
+
+def last_run(args: dict[str, Any]) -> dict[str, Any]:
+    """The datasets and route of the last `inv run` (`{"datasets", "route"}`), from which the
+    workstation rebuilds its jobs' specs for `inv rerun`; {} where none is recorded (no pipeline, or one
+    started by an older release)."""
+    root = Path(args["root"])
+    run = stored_spec(layout.runner_dir(root)).get("config", {}).get("stage", {}).get("run")
+    if isinstance(run, dict):
+        return run
+    for directory in jobs.all_job_dirs(root):  # a queued pipeline (Slurm) has no runner: each job says
+        run = stored_spec(directory).get("run")
+        if isinstance(run, dict):
+            return run
+    return {}
 
 
 def _executor(directory: Path, fresh: dict[str, Any]) -> executors.Executor:
@@ -154,26 +208,28 @@ def _executor(directory: Path, fresh: dict[str, Any]) -> executors.Executor:
 
 
 def rerun_in_order(root: Path, selected: list[Path], described: dict[str, dict[str, Any]], only: set[JobState],
-                   fresh: dict[str, Any]) -> list[dict[str, Any]]:
+                   fresh: dict[str, Any], runner: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Resubmit the bad jobs and, after them, their dependents held for ever behind a failed job
-    (`blocked_by`): all in their first submission's order."""
-    store = JobStore(root)
+    (`blocked_by`): all in their first submission's order, an infer job with the rebuilt runner's server."""
     stuck = {k for k, job in described.items() if job.get("blocked_by")}
     again = [d for d in selected if layout.key_of(d) in stuck or JobState(described[layout.key_of(d)]["state"]) in only]
-    specs = []
+    specs, changed = [], {}
     for directory in again:
-        try:
-            stored = store.spec(directory)
-        except BrokenJob:
-            stored = {}
-        spec = fresh.get(layout.key_of(directory)) or stored
+        stored = stored_spec(directory)
+        spec = dict(fresh.get(layout.key_of(directory)) or stored)
         if not spec:
             continue
-        spec.setdefault("after", stored.get("after", []))
-        spec.setdefault("order", stored.get("order", 0))
+        for key in ("after", "order", "run", "server"):
+            if key in stored:
+                spec.setdefault(key, stored[key])
+        if "server" in stored and runner:
+            spec["server"] = runner["config"]["stage"].get("server")
+        changed[layout.key_of(directory)] = _changes(stored, spec)
         specs.append(spec)
     specs.sort(key=lambda spec: spec.get("order", 0))
-    return submit_in_order(root, specs, only, unstick=True)
+    results = submit_in_order(root, specs, only, unstick=True)
+    return [{**r, "changes": {key: changed.get(key, [])}} for r in results
+            for key in [layout.job_key(r["dataset"], r["stage"])]]
 
 
 def pipeline_keys(root: Path) -> set[str]:
@@ -184,18 +240,24 @@ def pipeline_keys(root: Path) -> set[str]:
         return set()
 
 
-def resume_pipeline(root: Path) -> dict[str, Any]:
-    """Restart the runner (not its jobs, which live in sessions of their own) to carry on."""
+def resume_pipeline(root: Path, runner: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Restart the runner (not its jobs, which live in sessions of their own) to carry on: with `runner`
+    (rebuilt from the inventory as it is now) in place of its stored spec. It says which jobs it runs
+    again (`reruns`) and what changed in each since its last run (`changes`)."""
     store = JobStore(root)
     directory = layout.runner_dir(root)
-    spec = store.spec(directory)
+    spec = runner or store.spec(directory)
     spec["config"]["stage"]["fresh"] = False
+    again = [node for node in spec["config"]["stage"]["plan"]
+             if jobs.describe(layout.key_dir(root, node["key"]), time.time())["state"] != JobState.SUCCEEDED.value]
+    # NOTE: compared before the runner starts: it rewrites each job's spec as it launches it.
+    changes = {node["key"]: _changes(stored_spec(layout.key_dir(root, node["key"])), node["spec"]) for node in again}
     with store.locked(directory):
         try:
             jobs.terminate(store.read(directory).state)
         except BrokenJob:
             pass  # a broken record: launch starts it afresh
-    return jobs.launch(root, spec)
+    return {**jobs.launch(root, spec), "reruns": [node["key"] for node in again], "changes": changes}
 
 
 def stop(args: dict[str, Any]) -> Any:

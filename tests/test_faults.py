@@ -259,7 +259,8 @@ def test_a_launch_of_many_jobs_answers_before_their_supervisors_start_and_all_ru
         assert wait_ended(root, f"J{i}", timeout=90)["state"] == "succeeded"
         # NOTE: a supervisor writes its last state just before it exits; until it has, a relaunch is refused.
         wait_for(lambda: not is_running(record(root, f"J{i}")["pid"]), 10, f"J{i}'s supervisor to exit")
-    again = remote.__main__.launch({"root": str(root), "specs": [spec("J0", "records=1 hold=120"), spec("J1", "records=1 hold=120")]})
+    again = remote.__main__.launch({"root": str(root), "force": True,  # over succeeded jobs: `inv launch --force`
+                                    "specs": [spec("J0", "records=1 hold=120"), spec("J1", "records=1 hold=120")]})
     refused = remote.__main__.launch({"root": str(root), "specs": [spec("J0", "records=1"), spec("J1", "records=1")]})
     assert [r["launched"] for r in again] == [True, True] and [r["launched"] for r in refused] == [False, False]
     assert all("already running" in r["reason"] for r in refused)

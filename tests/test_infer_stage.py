@@ -92,11 +92,64 @@ def test_a_client_error_skips_the_record_for_good_with_its_reason(tmp_path: Path
 
     ids = {r["id"] for r in read_jsonl(data / "infer" / "conversations.jsonl")}
     assert ids == {"p000", "p001", "p003"}
-    assert progress.skip_reasons == {"http 400": 1}
-    assert server.asked_for().count(too_long) == 1, "a 400 is not retried, not even by the next run"
-    assert (again.records, again.skip_reasons) == (3, {"http 400": 1})
+    assert progress.skip_reasons == {"http 400: too long": 1}
+    assert server.asked_for().count(too_long) == 1, "a 400 is not retried, not even by the next run with the same settings"
+    assert (again.records, again.skip_reasons) == (3, {"http 400: too long": 1})
     manifest = json.loads((data / "infer" / "manifest.json").read_text())
-    assert (manifest["records"], manifest["skip_reasons"]) == (3, {"http 400": 1})
+    assert (manifest["records"], manifest["skip_reasons"]) == (3, {"http 400: too long": 1})
+
+
+def test_a_refusal_is_asked_again_once_the_settings_it_was_refused_under_change(tmp_path: Path) -> None:
+    data = tmp_path / "data" / "B5"
+    write_prep(data, make_prompts(4))
+    too_long = prompt_text(2)
+
+    def strict(body: dict[str, Any], attempt: int) -> tuple[int, Any]:
+        return (400, {"error": {"message": "too long"}}) if last_user(body) == too_long else (200, completion("ok"))
+
+    with ScriptedServer(strict) as first, ScriptedServer() as roomier:
+        run_infer(data, {**FAST, "server_url": first.url})
+        progress = run_infer(data, {**FAST, "server_url": roomier.url})  # stages.infer.server_url edited
+
+    assert roomier.asked_for() == [too_long], "only the refused prompt is asked again, of the new server"
+    assert (progress.records, progress.skip_reasons) == (4, {})
+    assert {r["id"] for r in read_jsonl(data / "infer" / "conversations.jsonl")} == {f"p00{i}" for i in range(4)}
+
+
+def test_a_server_that_refuses_every_request_fails_the_run_with_its_words_and_the_fix_is_asked_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data" / "B5"
+    write_prep(data, make_prompts(40))
+
+    def pinned(body: dict[str, Any], attempt: int) -> tuple[int, Any]:
+        if body["model"] != "served":
+            return 400, {"detail": f"Server is pinned to 'served'; requested {body['model']!r}."}
+        return 200, completion("ok")
+
+    with ScriptedServer(pinned) as server:
+        with pytest.raises(infer.InferError, match=r"refused every request and answered none: http 400: Server is "
+                                                   r"pinned to 'served'; requested 'tiny'\. \(×\d+\); fix stages.infer"):
+            run_infer(data, {**FAST, "server_url": server.url})
+        refused = len(server.bodies)
+        assert "infer: the server refused prompt" in capsys.readouterr().out
+        progress = run_infer(data, {**FAST, "model": "served", "server_url": server.url})
+
+    assert refused < 40, "once every request is refused, the rest are not sent to be refused too"
+    assert (progress.records, progress.skip_reasons) == (40, {})
+    assert len(read_jsonl(data / "infer" / "conversations.jsonl")) == 40
+
+
+def test_an_error_body_is_read_for_its_message_on_one_bounded_line() -> None:
+    from remote.infer.client import DETAIL_LIMIT, error_detail
+
+    assert error_detail(b'{"error": {"message": "model  not\\nfound", "type": "x"}}') == "model not found"
+    assert error_detail(b'{"detail": "pinned"}') == "pinned"
+    assert error_detail(b'{"detail": [{"loc": ["body"], "msg": "bad"}]}') == '[{"loc": ["body"], "msg": "bad"}]'
+    assert error_detail(b"<html>Bad Request</html>") == "<html>Bad Request</html>"
+    assert error_detail(b"") == ""
+    long = error_detail(b"x" * 100_000)
+    assert len(long) == DETAIL_LIMIT and long.endswith("…")
 
 
 def test_a_record_that_keeps_failing_fails_the_job_and_is_counted_by_reason(tmp_path: Path) -> None:
@@ -241,3 +294,28 @@ def test_a_pinned_concurrency_never_moves(tmp_path: Path) -> None:
     with ScriptedServer() as server:
         progress = run_infer(data, {**FAST, "server_url": server.url, "concurrency": 3})
     assert progress.values["concurrency"] == 3
+
+
+def test_a_rerun_that_fails_leaves_the_finished_answers_and_manifest_in_place(tmp_path: Path) -> None:
+    data = tmp_path / "data" / "B5"
+    output = data / "infer"
+    write_prep(data, make_prompts(4))
+    too_long = prompt_text(1)
+
+    def strict(body: dict[str, Any], attempt: int) -> tuple[int, Any]:
+        return (400, {"detail": "too long"}) if last_user(body) == too_long else (200, completion("ok"))
+
+    with ScriptedServer(strict) as first, ScriptedServer(lambda body, attempt: (503, {})) as down, \
+            ScriptedServer() as good:
+        run_infer(data, {**FAST, "server_url": first.url})
+        finished = (output / "conversations.jsonl").read_bytes(), (output / "manifest.json").read_bytes()
+        with pytest.raises(infer.InferError, match="1 of 4 prompts not answered"):
+            run_infer(data, {**FAST, "retries": 0, "server_url": down.url})  # the refused one, asked again
+        assert ((output / "conversations.jsonl").read_bytes(), (output / "manifest.json").read_bytes()) == finished
+        progress = run_infer(data, {**FAST, "server_url": good.url})
+
+    assert good.asked_for() == [too_long]
+    ids = [r["id"] for r in read_jsonl(output / "conversations.jsonl")]
+    assert sorted(ids) == [f"p00{i}" for i in range(4)] and progress.records == 4
+    assert json.loads((output / "manifest.json").read_text())["records"] == 4
+    assert not (output / infer.PART).exists()

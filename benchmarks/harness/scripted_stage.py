@@ -11,6 +11,7 @@ dataset's `source` says what to do, e.g. ``records=5 sleep=0.1 exit=0``:
 - ``unless``: a file on the host; when it exists, exit 0 (the user's "fix")
 - ``child``: start a grandchild `sleep` and write its pid to the output dir
 - ``need_url`` / ``shun_url``: fail unless / if that URL answers (the managed server)
+- ``need_layers``: fail unless the job's settings hold these layers (``1,2,3``: `stages.extract.layers`)
 
 With a directory argument (``scripted_stage.py DIR``), the plan is read from
 ``DIR/<dataset>.<stage>`` instead (default ``records=1``), so that every stage of a
@@ -53,6 +54,10 @@ def main() -> int:
     if plan.get("need_url") and not answers(plan["need_url"]):
         print(f"server at {plan['need_url']} is not up", flush=True)
         return 4
+    layers = ctx.stage_config.get("layers")
+    if plan.get("need_layers") and layers != [int(n) for n in plan["need_layers"].split(",")]:
+        print(f"layers {layers} are not the target's {plan['need_layers']}", flush=True)
+        return 6
     if plan.get("shun_url") and answers(plan["shun_url"]):
         print(f"server at {plan['shun_url']} still holds the GPU", flush=True)
         return 5

@@ -138,37 +138,37 @@ def status(root: Path) -> dict[str, Any]:
 
 
 def launch(root: Path, spec: dict[str, Any], only: set[JobState] | None = None, after: list[str] = [],
-           unstick: bool = False) -> dict[str, Any]:
+           unstick: bool = False, keep_done: bool = False) -> dict[str, Any]:
     """Start one job with its executor (queued after the jobs `after`, where the executor queues), unless
     it runs already (or, with `only`, is in another state). `unstick`: also start again a job held for
-    ever behind a failed one."""
+    ever behind a failed one. `keep_done`: not over a job that has succeeded (`inv launch` without --force)."""
 
     def submit(directory: Path, release: Path) -> dict[str, Any]:
         return executors.for_spec(spec).submit(directory, spec, release, after)
 
-    return _launch_one(JobStore(root), spec, only, unstick, submit)
+    return _launch_one(JobStore(root), spec, only, unstick, submit, keep_done=keep_done)
 
 
-def launch_all(root: Path, specs: list[dict[str, Any]], each: Any = map) -> list[dict[str, Any]]:
+def launch_all(root: Path, specs: list[dict[str, Any]], each: Any = map, keep_done: bool = False) -> list[dict[str, Any]]:
     """`launch` of many jobs, answering without waiting for their supervisors to start: each job is
     checked and recorded (`starting`) here, then one detached starter starts them all (processes.Starter).
     Jobs of an executor that cannot wait so (Slurm: sbatch is the start) are launched one by one."""
     store = JobStore(root)
     release = store.current_release()
     if sum(executors.for_spec(s).detaches for s in specs) < 2:  # one fork saved is not worth a second process
-        return list(each(lambda spec: launch(root, spec), specs))
+        return list(each(lambda spec: launch(root, spec, keep_done=keep_done), specs))
     # NOTE: forked before any thread exists (`each` may start a pool): a fork copies only its caller.
     starter = processes.Starter(lambda directory: _start_handed(store, Path(directory), release))
 
     def record(spec: dict[str, Any]) -> dict[str, Any]:
         executor = executors.for_spec(spec)
         if not executor.detaches:
-            return launch(root, spec)
+            return launch(root, spec, keep_done=keep_done)
 
         def starting(directory: Path, release: Path) -> dict[str, Any]:
             return {**executor.record_starting(directory, spec, release, starter), "directory": str(directory)}
 
-        return _launch_one(store, spec, None, False, starting, release)
+        return _launch_one(store, spec, None, False, starting, release, keep_done=keep_done)
 
     results = list(each(record, specs))
     starter.hand_over([r.pop("directory") for r in results if "directory" in r])
@@ -176,13 +176,14 @@ def launch_all(root: Path, specs: list[dict[str, Any]], each: Any = map) -> list
 
 
 def _launch_one(store: JobStore, spec: dict[str, Any], only: set[JobState] | None, unstick: bool,
-                step: Callable[[Path, Path], dict[str, Any]], release: Path | None = None) -> dict[str, Any]:
+                step: Callable[[Path, Path], dict[str, Any]], release: Path | None = None,
+                keep_done: bool = False) -> dict[str, Any]:
     """What every launch does under the job's lock: the refusal check, a fresh start, then `step(directory,
     release)`, which submits the job or records it as starting (`release`: the current one when None)."""
     directory = store.directory(spec["dataset"], spec["stage"])
     directory.mkdir(parents=True, exist_ok=True)
     with store.locked(directory):
-        refused = _refusal(directory, spec, only, unstick)
+        refused = _refusal(directory, spec, only, unstick, keep_done)
         if refused:
             return refused
         release = release or store.current_release()
@@ -207,7 +208,8 @@ def _result(spec: dict[str, Any]) -> dict[str, Any]:
     return {"dataset": spec["dataset"], "stage": spec["stage"], "launched": False}
 
 
-def _refusal(directory: Path, spec: dict[str, Any], only: set[JobState] | None, unstick: bool) -> dict[str, Any] | None:
+def _refusal(directory: Path, spec: dict[str, Any], only: set[JobState] | None, unstick: bool,
+             keep_done: bool = False) -> dict[str, Any] | None:
     """Why the job must not start now (under its lock), or None after ending what must end first."""
     # NOTE: decided under the lock: a concurrent rerun may have just relaunched it.
     try:
@@ -219,6 +221,8 @@ def _refusal(directory: Path, spec: dict[str, Any], only: set[JobState] | None, 
     stuck = unstick and bool(reading and reading.blocked_by)
     if only is not None and now_state not in only and not stuck:
         return {**_result(spec), "reason": f"is {now_state.value if now_state else 'not started'}"}
+    if keep_done and now_state == JobState.SUCCEEDED:
+        return {**_result(spec), "reason": "has succeeded: its output is kept", "succeeded": True}
     if job is not None and job.state:
         previous = executors.of(job.state)
         if now_state == JobState.STALLED or stuck:

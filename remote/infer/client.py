@@ -43,14 +43,20 @@ class Answer:
         return turn
 
 
-class RequestFailed(Exception):
-    """A request that got no usable answer. `reason` is short and countable."""
+#: The most of a server's error body kept (its message, or its text): enough for "model 'x' not found".
+DETAIL_LIMIT = 300
 
-    def __init__(self, reason: str, retryable: bool, retry_after: float | None = None) -> None:
-        super().__init__(reason)
+
+class RequestFailed(Exception):
+    """A request that got no usable answer. `reason` is short and countable; `detail` is what the
+    server said about it (an error body's message, bounded), or ""."""
+
+    def __init__(self, reason: str, retryable: bool, retry_after: float | None = None, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.retryable = retryable
         self.retry_after = retry_after
+        self.detail = detail
 
 
 @dataclass
@@ -132,7 +138,7 @@ class ChatClient:
         except (OSError, http.client.HTTPException) as exc:
             raise RequestFailed(f"connection error ({type(exc).__name__})", retryable=True) from None
         if status != 200:
-            raise RequestFailed(f"http {status}", status in RETRYABLE_STATUS, _retry_after(headers))
+            raise RequestFailed(f"http {status}", status in RETRYABLE_STATUS, _retry_after(headers), error_detail(data))
         return _parse(data)
 
     def _exchange(self, payload: bytes) -> tuple[int, Any, bytes]:
@@ -197,6 +203,22 @@ def _parse(data: bytes) -> Answer:
         finish_reason=choice.get("finish_reason"),
         completion_tokens=int(usage.get("completion_tokens") or 0),
     )
+
+
+def error_detail(data: bytes) -> str:
+    """What an error body says, on one line and bounded: the message of OpenAI's ``{"error": {"message"}}``,
+    FastAPI's ``{"detail"}`` or a bare ``{"message"}``, else the body's text."""
+    text = data[: 16 * DETAIL_LIMIT].decode("utf-8", "replace")
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        found = body.get("error") or body.get("detail") or body.get("message")
+        found = found.get("message", found) if isinstance(found, dict) else found
+        text = found if isinstance(found, str) else json.dumps(found) if found else text
+    line = " ".join(text.split())
+    return line if len(line) <= DETAIL_LIMIT else line[: DETAIL_LIMIT - 1] + "…"
 
 
 def _connection_reason(exc: OSError) -> str:

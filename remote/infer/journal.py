@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from remote.control_plane.scratch import temporary_name
+
 
 class Journal:
     """One JSONL file of records keyed by ``id``, opened for appending."""
@@ -49,6 +51,16 @@ class Journal:
         self._file.write(b"".join(_line(r) for r in records))
         self._file.flush()
         os.fsync(self._file.fileno())
+
+    def replace(self, records: list[dict[str, Any]]) -> None:
+        """Make the journal hold exactly `records` (written beside it, renamed into place); call before `append`."""
+        self.close()
+        tmp = self.path.with_name(temporary_name(self.path.name))
+        with open(tmp, "wb") as file:
+            file.write(b"".join(_line(r) for r in records))
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, self.path)
 
     def close(self) -> None:
         if self._file is not None:

@@ -7,8 +7,10 @@ Layout of the output directory::
     prompts.jsonl              prompts: {"id", "conversations": [system?, user]}
     manifest.json              written last: what was read, kept, skipped and why
 
-Opening a writer removes what an earlier run left, so an old file is never
-taken for this run's output; nothing new appears until `commit`.
+A finished run's outputs stay in place until the next run commits (a rerun that is
+stopped, killed or fails leaves the dataset as it was): opening a writer removes only
+temporaries that dead runs left, and `commit` replaces the outputs, removes the earlier
+run's that this run did not write, and writes the manifest last.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class OutputWriter:
         self.kind = kind
         self.shard_size = shard_size
         self.directory.mkdir(parents=True, exist_ok=True)
-        _clear(self.directory)
+        _clear_temporaries(self.directory)
         name = "conversations.jsonl" if kind == "native" else "prompts.jsonl"
         self._jsonl_name = name
         self._jsonl = open(self.directory / temporary_name(name), "w", encoding="utf-8")
@@ -58,18 +60,23 @@ class OutputWriter:
             self._pending = []
         self._jsonl.close()
         names = [self._jsonl_name] + self._shards
+        # NOTE: the manifest goes first: until the new one is written, the directory is not a finished output.
+        (self.directory / MANIFEST).unlink(missing_ok=True)
         for name in names:
             os.replace(self.directory / temporary_name(name), self.directory / name)
+        for path in self.directory.iterdir():  # the earlier run's shards beyond this run's
+            if _is_output(path.name) and path.name not in names:
+                path.unlink()
         write_json_atomic(self.directory / MANIFEST, {**manifest, "outputs": names})
         return names
 
     def abort(self) -> None:
-        """Drop what this run wrote; the directory is left empty of outputs."""
+        """Drop what this run wrote; an earlier run's finished outputs stay."""
         try:
             self._jsonl.close()  # its last flush fails on a full disk: clear all the same, to free it
         except OSError:
             pass
-        _clear(self.directory)
+        _clear_temporaries(self.directory)
 
     def _write_shard(self, rows: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
         import pyarrow as pa
@@ -89,9 +96,11 @@ class OutputWriter:
         self._shards.append(name)
 
 
-def _clear(directory: Path) -> None:
+def _clear_temporaries(directory: Path) -> None:
+    """Every run's temporaries: a run that is not this one and still writes is one being ended (a
+    relaunch cancels it first), and it must not publish a mix of its files and this run's."""
     for path in directory.iterdir():
-        if path.name == MANIFEST or path.name.startswith(TMP_PREFIX) or _is_output(path.name):
+        if path.name.startswith(TMP_PREFIX):
             path.unlink()
 
 

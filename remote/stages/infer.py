@@ -7,12 +7,23 @@ the same records with the assistant's turn appended (and its
 prep then tokenises.
 
 Resumable by record id. Answers are appended to ``conversations.jsonl.part``
-and made durable per batch; records the server refuses for good (a 4xx other
-than 408/429, an empty answer) go to ``skipped.jsonl``. A restart reads both,
-asks only for the rest, and the finished file is renamed into place when every
-prompt is answered or skipped. ``.journal.json`` remembers which prompts and
+and made durable per batch; records the server refuses (a 4xx other than
+408/429, with what its body says; an empty answer) go to ``skipped.jsonl``,
+each with the settings it was asked with. A restart reads both, asks only for
+the rest, and the finished file is renamed into place when every prompt is
+answered or skipped. A refusal is kept only while the settings it was asked
+with hold and the server has answered something: after an edit of
+``stages.infer`` (its model, its server), or when the server refused
+everything, a rerun asks again. ``.journal.json`` remembers which prompts and
 sampling settings the journal belongs to: new prompts start it over; changed
-sampling settings are refused, so one dataset never mixes two temperatures.
+sampling settings are refused once some prompt is answered, so one dataset
+never mixes two temperatures.
+
+A run in which the server refused every request fails with the server's reason
+(its log shows the first refusal of each reason), never `empty`. A finished
+``conversations.jsonl`` and its manifest stay in place while a later run
+(`inv launch --force`, a fresh `inv run`, a rerun that asks refusals again)
+adds to it: only that run's success replaces them.
 
 A record that still fails after its retries (server down, 5xx, timeouts) is
 counted under its reason and left for the next run; the job then fails, and
@@ -24,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 import urllib.error
 from collections import deque
@@ -38,6 +50,7 @@ from remote.infer.client import ChatClient, Result
 from remote.infer.journal import Journal
 from remote.infer.infer_settings import InferSettings, SettingsError
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
+from remote.control_plane.scratch import temporary_name
 from remote import stages
 from remote.stages import StageContext
 
@@ -49,6 +62,8 @@ STATE = ".journal.json"
 MANIFEST = "manifest.json"
 #: Seconds of answers behind the `tokens_per_s` metric.
 RATE_WINDOW = 60.0
+#: Distinct refusal reasons (a 4xx with its server's words) counted apart; the rest count under one.
+REASONS_KEPT = 20
 
 
 class InferError(Exception):
@@ -82,24 +97,36 @@ def read_upstream(ctx: StageContext) -> Upstream:
     return Upstream(prompts, str(manifest["release"]), _sha256(prompts))
 
 
-def open_journal(output: Path, upstream: Upstream, settings: InferSettings, progress: Progress) -> None:
-    """Make `output` hold the journal of these prompts and settings: continued, restored or new."""
+def open_journal(output: Path, upstream: Upstream, settings: InferSettings, progress: Progress) -> bool:
+    """Make `output` hold the journal of these prompts and settings: continued, restored or new. True when
+    the finished file of an earlier run holds answers to these prompts with these settings: it stays in
+    place, with its manifest, until this run finishes (a run stopped meanwhile leaves the dataset as it
+    was), and the journal holds only what this run adds."""
     state = read_json(output / STATE)
     if state and state.get("prompts_sha256") != upstream.sha256:
         progress.note("prompts changed since the last run: starting over")
         state = None
+    if state and state.get("sampling") != settings.sampling() and not _has_answers(output):
+        # NOTE: nothing answered (a server that refused every request, a model misnamed): nothing can mix.
+        progress.note("stages.infer settings changed and no prompt was answered yet: asking every prompt again")
+        state = None
     if state is None:
-        for name in (PART, SKIPPED, OUTPUT):
+        for name in (PART, SKIPPED):  # a finished file of other prompts is replaced only at the end
             (output / name).unlink(missing_ok=True)
     elif state.get("sampling") != settings.sampling():
         raise InferError(_changed_settings(state.get("sampling") or {}, settings.sampling(), output))
-    # Until the end the output is incomplete: no manifest, and a finished
-    # file from an earlier run becomes the journal again.
-    (output / MANIFEST).unlink(missing_ok=True)
-    if (output / OUTPUT).exists() and not (output / PART).exists():
-        os.replace(output / OUTPUT, output / PART)
-    (output / OUTPUT).unlink(missing_ok=True)
+    finished = _finished_for(output, upstream, settings)
+    if not finished and state is not None and (output / OUTPUT).exists() and not (output / PART).exists():
+        os.replace(output / OUTPUT, output / PART)  # a finish cut short before its manifest: the journal again
     write_json_atomic(output / STATE, {"prompts_sha256": upstream.sha256, "sampling": settings.sampling()})
+    return finished
+
+
+def _finished_for(output: Path, upstream: Upstream, settings: InferSettings) -> bool:
+    manifest = read_json(output / MANIFEST)
+    return ((output / OUTPUT).exists() and isinstance(manifest, dict)
+            and (manifest.get("upstream") or {}).get("prompts_sha256") == upstream.sha256
+            and manifest.get("sampling") == settings.sampling())
 
 
 def read_prompts(path: Path, progress: Progress) -> Iterator[dict[str, Any]]:
@@ -122,16 +149,21 @@ def read_prompts(path: Path, progress: Progress) -> Iterator[dict[str, Any]]:
 class InferRun:
     """One run of the stage over one dataset's prompts."""
 
-    def __init__(self, output: Path, settings: InferSettings, progress: Progress) -> None:
+    def __init__(self, output: Path, settings: InferSettings, progress: Progress, finished: bool = False) -> None:
         self.output = output
         self.settings = settings
         self.progress = progress
         self.client = ChatClient(settings)
+        self.finished = Journal(output / OUTPUT) if finished else None  # an earlier run's answers, kept in place
         self.answers = Journal(output / PART)
         self.refused = Journal(output / SKIPPED)
         self.done: set[str] = set()
         self.failed: dict[str, int] = {}
         self.failed_in_a_row = 0
+        self.asked_with = asked_with(settings)
+        self.refusals: dict[str, int] = {}  # this run's and kept ones, by reason
+        self.logged: set[str] = set()  # the reasons whose first refusal the log shows
+        self.answered_any = False
         self.totals = {"retries": 0, "truncated": 0, "completion_tokens": 0}
         self.tuner: Autotuner | Fixed = (
             Autotuner(settings.max_concurrency) if settings.is_auto else Fixed(settings.concurrency))
@@ -140,15 +172,44 @@ class InferRun:
         self.total = 0
 
     def resume(self) -> int:
-        """Read what earlier runs finished; return how many records that is."""
-        for record in self.answers.read():
+        """Read what earlier runs finished; return how many records that is. A refusal is kept only if
+        it was asked with these settings and the server has answered something: else it is asked again."""
+        for journal in ([self.finished] if self.finished else []) + [self.answers]:
+            for record in journal.read():
+                self.done.add(record["id"])
+                self.progress.written()
+        self.answered_any = bool(self.done)
+        refused = list(self.refused.read())
+        kept = [r for r in refused if self.answered_any and r.get("asked_with") == self.asked_with]
+        if len(kept) < len(refused):
+            self.refused.replace(kept)
+            print(f"infer: asking again {len(refused) - len(kept)} prompts the server refused "
+                  f"({'its settings changed since' if self.answered_any else 'it answered none'})", flush=True)
+        for record in kept:
             self.done.add(record["id"])
-            self.progress.written()
-        for record in self.refused.read():
-            self.done.add(record["id"])
-            self.progress.skipped(record.get("reason", "refused"))
+            self.count_refusal(record.get("reason", "refused"))
         self.progress.resumed()
         return len(self.done)
+
+    def refusal(self, result: Result) -> dict[str, Any]:
+        """The journal's line for a prompt the server refused: its reason with the server's words, the
+        first of each reason also in the log."""
+        failure = result.failure
+        reason = "empty answer" if failure is None else f"{failure.reason}: {failure.detail}" if failure.detail else failure.reason
+        if reason not in self.refusals and len(self.refusals) >= REASONS_KEPT:
+            reason = f"{failure.reason if failure else reason} (other reasons: see the log)"
+        if reason not in self.logged:
+            self.logged.add(reason)
+            print(f"infer: the server refused prompt {result.record['id']}: {reason}", flush=True)
+        return {"id": result.record["id"], "reason": reason, "asked_with": self.asked_with}
+
+    def count_refusal(self, reason: str) -> None:
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+        self.progress.skipped(reason)
+
+    def refuses_everything(self) -> bool:
+        """The server refused every request it got and answered none (a misnamed model, a bad setting)."""
+        return not self.answered_any and bool(self.refusals)
 
     def answer_all(self, prompts: Iterator[dict[str, Any]]) -> int:
         """Answer every prompt not yet done; return how many prompts there are in all."""
@@ -174,7 +235,7 @@ class InferRun:
         """The prompts still to ask for, counting every prompt into `total` on the way."""
         for record in prompts:
             self.total += 1
-            if record["id"] in self.done or self.is_server_gone():
+            if record["id"] in self.done or self.is_server_gone() or self.is_refusing_all():
                 continue  # a gone server: still count the prompts, so the message says how many are left
             yield record
 
@@ -187,10 +248,8 @@ class InferRun:
             self.observe(result, level)
             if result.answer is not None and (result.answer.content or result.answer.reasoning_content):
                 answered.append(result)
-            elif result.answer is not None:
-                refused.append({"id": result.record["id"], "reason": "empty answer"})
-            elif result.failure is not None and not result.failure.retryable:
-                refused.append({"id": result.record["id"], "reason": result.failure.reason})
+            elif result.answer is not None or (result.failure is not None and not result.failure.retryable):
+                refused.append(self.refusal(result))
             else:
                 self.fail(result)
         self.answers.append([_conversation(r) for r in answered])
@@ -230,9 +289,10 @@ class InferRun:
             self.progress.written()
         for record in refused:
             self.done.add(record["id"])
-            self.progress.skipped(record["reason"])
+            self.count_refusal(record["reason"])
         if answered:
             self.failed_in_a_row = 0
+            self.answered_any = True
         self.progress.metrics(**self.totals, concurrency=self.tuner.concurrency,
                               tokens_per_s=round(self.tokens_per_s(), 1))
 
@@ -244,16 +304,37 @@ class InferRun:
         """
         return self.failed_in_a_row >= max(8, 2 * self.tuner.concurrency)
 
+    def is_refusing_all(self) -> bool:
+        """True once as many requests as `is_server_gone` counts were refused and none answered: the
+        rest would be refused too, and asking them would only bury the reason."""
+        return self.refuses_everything() and sum(self.refusals.values()) >= max(8, 2 * self.tuner.concurrency)
+
     def close(self) -> None:
         self.answers.close()
         self.refused.close()
 
 
 def finish(output: Path, ctx: StageContext, upstream: Upstream, settings: InferSettings, run: InferRun) -> None:
-    """Rename the journal into the finished file and write the manifest last."""
+    """Rename the journal into the finished file (after an earlier run's answers kept in place, if any) and
+    write the manifest last."""
     run.close()
     (output / PART).touch()
-    os.replace(output / PART, output / OUTPUT)
+    if run.finished is not None and (output / PART).stat().st_size:
+        whole = output / temporary_name(OUTPUT)
+        with open(whole, "wb") as target:
+            for name in (OUTPUT, PART):
+                with open(output / name, "rb") as source:
+                    shutil.copyfileobj(source, target, 1 << 20)
+            target.flush()
+            os.fsync(target.fileno())
+        (output / MANIFEST).unlink()  # from here the finished file is this run's
+        os.replace(whole, output / OUTPUT)
+        (output / PART).unlink()
+    elif run.finished is not None:
+        (output / PART).unlink()  # nothing new: the kept file is the whole answer
+    else:
+        (output / MANIFEST).unlink(missing_ok=True)  # an earlier run's, of other prompts
+        os.replace(output / PART, output / OUTPUT)
     write_json_atomic(
         output / MANIFEST,
         {
@@ -297,15 +378,21 @@ def run_stage(ctx: StageContext, progress: Progress) -> None:
     upstream = read_upstream(ctx)
     check_reachable(settings)
     ctx.output.mkdir(parents=True, exist_ok=True)
-    open_journal(ctx.output, upstream, settings, progress)
+    finished = open_journal(ctx.output, upstream, settings, progress)
     progress.expect(_count_lines(upstream.prompts))
-    run = InferRun(ctx.output, settings, progress)
+    run = InferRun(ctx.output, settings, progress, finished)
     try:
         before = run.resume()
         progress.note(f"answering prompts from {settings.server_url} ({before} done before)")
         total = run.answer_all(read_prompts(upstream.prompts, progress))
     finally:
         run.close()
+    if run.refuses_everything():
+        why = "; ".join(f"{reason} (×{n})" for reason, n in sorted(run.refusals.items(), key=lambda kv: -kv[1])[:3])
+        raise InferError(
+            f"the server at {settings.server_url} refused every request and answered none: {why}; "
+            f"fix stages.infer in the inventory (model {settings.model!r}), then `inv rerun --failed` asks again"
+        )
     left = total - len(run.done)
     if left:
         why = ", ".join(f"{reason}: {n}" for reason, n in sorted(run.failed.items()))
@@ -337,6 +424,17 @@ def _prompt(line: str) -> dict[str, Any] | None:
     if not isinstance(turns, list) or not turns or not all(isinstance(t, dict) and "role" in t for t in turns):
         return None
     return {"id": str(record["id"]), "conversations": turns}
+
+
+def asked_with(settings: InferSettings) -> str:
+    """A short digest of what decides the server's answer to a prompt (its address, the sampling): a
+    refusal under other settings may be answered now."""
+    what = json.dumps({"server_url": settings.server_url, **settings.sampling()}, sort_keys=True)
+    return hashlib.sha256(what.encode()).hexdigest()[:16]
+
+
+def _has_answers(output: Path) -> bool:
+    return any((output / name).exists() and (output / name).stat().st_size > 0 for name in (PART, OUTPUT))
 
 
 def _count_lines(path: Path) -> int:
