@@ -10,7 +10,7 @@ step, as SpecForge's and Hugging Face's trainers do:
   and ``eval/acc_<k>``, at the step where the epoch was measured (step 0: before training).
 
 ``tensorboard``: event files under ``$AERIE_OUTPUT/tensorboard/`` beside the draft; a
-run resumed at step T hides what the killed run logged from step T on (TensorBoard's
+run resumed from step T hides what the killed run logged after step T (TensorBoard's
 ``purge_step``), so the curves read as one run. ``wandb``: a run under
 ``$AERIE_OUTPUT/wandb/``, offline (``wandb sync`` uploads it later) unless the host has
 a W&B key or ``WANDB_MODE`` says otherwise. SpecForge's engine gets the same choice as
@@ -34,7 +34,7 @@ from remote.eagle3.epochs import EpochRecord
 
 TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"
-#: What to install for each choice (the versions aerie's setup pins).
+#: What to install for each choice: tensorboard as pyproject's `host` extra pins it; wandb is the user's to add.
 PACKAGES = {"tensorboard": "tensorboard==2.21.0", "wandb": "wandb==0.31.0"}
 WANDB_PROJECT = "aerie"
 
