@@ -60,7 +60,9 @@ def test_a_pipeline_whose_infer_cannot_reach_its_server_ends_blocked_and_follow_
     assert jobs["B5/infer"]["state"] == "failed" and "no inference server answers" in jobs["B5/infer"]["message"]
     assert (jobs["B5/tokenize"]["state"], jobs["B5/tokenize"]["blocked_by"]) == ("blocked", ["B5/infer"])
     assert (jobs["B5/extract"]["state"], jobs["B5/extract"]["blocked_by"]) == ("blocked", ["B5/tokenize"])
-    assert "B5/infer failed" in jobs["B5/extract"]["message"]  # the failure at the root, however far up
+    assert jobs["B5/tokenize"]["message"] == "blocked by B5/infer (failed)"
+    # The failure at the root, however far up.
+    assert jobs["B5/extract"]["message"] == "blocked by B5/tokenize, behind B5/infer (failed)"
     assert jobs["A1/extract"]["state"] == "succeeded"
     assert (jobs["draft/train"]["state"], jobs["draft/train"]["blocked_by"]) == ("blocked", ["B5/extract"])
     assert jobs["pipeline/run"]["state"] == "failed"
@@ -72,7 +74,7 @@ def test_a_pipeline_whose_infer_cannot_reach_its_server_ends_blocked_and_follow_
     assert status.returncode == 1 and "blocked" in status.stdout
     logs = bench.inv("logs", "B5", "--stage", "tokenize", check=False)
     assert logs.returncode == 2 and "waiting" not in logs.stderr
-    assert "B5/tokenize has no log: it is blocked, never started, behind B5/infer" in logs.stderr
+    assert "B5/tokenize has no log: it never started, blocked by B5/infer (failed); fix that" in logs.stderr
 
 
 def test_rerun_failed_relaunches_the_failure_then_every_job_blocked_behind_it(bench: Bench, free_port: int) -> None:
