@@ -136,3 +136,17 @@ def test_stop_refuses_a_dataset_the_inventory_does_not_name(bench: Bench) -> Non
         assert (refused.returncode, refused.stderr.strip().splitlines()) == (2, [unknown]), task
     bench.inv("deploy")
     assert "Nothing to stop" in bench.inv("stop", "-d", "pipeline").stdout  # the pipeline's own jobs are names
+
+
+def test_watch_piped_prints_each_change_and_ends_when_every_job_has(bench: Bench) -> None:
+    bench.scripted({"A": "records=40 sleep=0.3"})  # long enough to be watched from its start
+    bench.inv("deploy")
+    bench.inv("launch", "--stage", "prep")
+    watcher = subprocess.Popen([sys.executable, "-m", "invoke", "status", "--watch", "0.5", "-i", "test"],
+                               cwd=bench.checkout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "COLUMNS": "200"})
+    out, err = watcher.communicate(timeout=60)  # ends by itself: no Ctrl-C
+    assert watcher.returncode == 0, out + err
+    lines = out.splitlines()
+    assert any(line.endswith(" A/prep succeeded: 40 records") for line in lines), out
+    assert "1 job: 1 succeeded" in lines[-1]  # the table's summary, once, at the end
