@@ -66,6 +66,8 @@ def _line(job: Job) -> str:
         said = f"{job.get('records') or 0:,} records" + (f", {job['skipped']:,} skipped" if job.get("skipped") else "")
     elif job["state"] == JobState.WAITING.value and job.get("waiting_for"):
         said = f"waits for {', '.join(job['waiting_for'])}"
+    if said.startswith(job["state"] + " "):  # "blocked by B5/infer (failed)": one sentence
+        return f"{time.strftime('%H:%M:%S')} {visible(_key(job))} {said}"
     return f"{time.strftime('%H:%M:%S')} {visible(_key(job))} {job['state']}" + (f": {said}" if said else "")
 
 

@@ -64,7 +64,7 @@ def next_step(job: Job) -> str:
     """What to do about a job that ended without succeeding and whose message may not say it ("" if nothing)."""
     state, dataset, stage = job["state"], (job.get("members") or [job["dataset"]])[0], job["stage"]
     if state == JobState.BLOCKED.value:
-        return "fix what it waits on, then `inv rerun --failed`"
+        return "fix that, then `inv rerun --failed`"
     if state == JobState.EMPTY.value:
         return f"`inv logs {dataset} --stage {stage}` says why; fix it, then `inv rerun --failed`"
     if state == JobState.STOPPED.value:

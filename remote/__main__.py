@@ -281,9 +281,10 @@ def logs(args: dict[str, Any]) -> None:
     while True:
         job = jobs.describe(directory, time.time())
         if job["state"] == JobState.BLOCKED.value:  # any log there is an earlier run's: say why none is new
-            why = str(job["message"]).replace("blocked: ", "", 1)
-            raise HostError(f"{layout.key_of(directory)} has no log: it is blocked, never started, behind "
-                            f"{', '.join(job.get('blocked_by') or []) or 'a job that did not succeed'} ({why}); "
+            said = str(job["message"] or "")
+            if not said.startswith("blocked by"):  # Slurm's word for it: the needs are the record's
+                said = f"blocked by {', '.join(job.get('blocked_by') or [])}" + (f" ({said})" if said else "")
+            raise HostError(f"{layout.key_of(directory)} has no log: it never started, {said}; "
                             "fix that, then `inv rerun --failed`")
         if path.exists():
             break

@@ -60,7 +60,9 @@ def test_a_pipeline_whose_infer_cannot_reach_its_server_ends_blocked_and_follow_
     assert jobs["B5/infer"]["state"] == "failed" and "no inference server answers" in jobs["B5/infer"]["message"]
     assert (jobs["B5/tokenize"]["state"], jobs["B5/tokenize"]["blocked_by"]) == ("blocked", ["B5/infer"])
     assert (jobs["B5/extract"]["state"], jobs["B5/extract"]["blocked_by"]) == ("blocked", ["B5/tokenize"])
-    assert "B5/infer failed" in jobs["B5/extract"]["message"]  # the failure at the root, however far up
+    assert jobs["B5/tokenize"]["message"] == "blocked by B5/infer (failed)"
+    # The failure at the root, however far up.
+    assert jobs["B5/extract"]["message"] == "blocked by B5/tokenize, behind B5/infer (failed)"
     assert jobs["A1/extract"]["state"] == "succeeded"
     assert (jobs["draft/train"]["state"], jobs["draft/train"]["blocked_by"]) == ("blocked", ["B5/extract"])
     assert jobs["pipeline/run"]["state"] == "failed"
@@ -72,7 +74,7 @@ def test_a_pipeline_whose_infer_cannot_reach_its_server_ends_blocked_and_follow_
     assert status.returncode == 1 and "blocked" in status.stdout
     logs = bench.inv("logs", "B5", "--stage", "tokenize", check=False)
     assert logs.returncode == 2 and "waiting" not in logs.stderr
-    assert "B5/tokenize has no log: it is blocked, never started, behind B5/infer" in logs.stderr
+    assert "B5/tokenize has no log: it never started, blocked by B5/infer (failed); fix that" in logs.stderr
 
 
 def test_rerun_failed_relaunches_the_failure_then_every_job_blocked_behind_it(bench: Bench, free_port: int) -> None:
@@ -134,3 +136,17 @@ def test_stop_refuses_a_dataset_the_inventory_does_not_name(bench: Bench) -> Non
         assert (refused.returncode, refused.stderr.strip().splitlines()) == (2, [unknown]), task
     bench.inv("deploy")
     assert "Nothing to stop" in bench.inv("stop", "-d", "pipeline").stdout  # the pipeline's own jobs are names
+
+
+def test_watch_piped_prints_each_change_and_ends_when_every_job_has(bench: Bench) -> None:
+    bench.scripted({"A": "records=40 sleep=0.3"})  # long enough to be watched from its start
+    bench.inv("deploy")
+    bench.inv("launch", "--stage", "prep")
+    watcher = subprocess.Popen([sys.executable, "-m", "invoke", "status", "--watch", "0.5", "-i", "test"],
+                               cwd=bench.checkout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "COLUMNS": "200"})
+    out, err = watcher.communicate(timeout=60)  # ends by itself: no Ctrl-C
+    assert watcher.returncode == 0, out + err
+    lines = out.splitlines()
+    assert any(line.endswith(" A/prep succeeded: 40 records") for line in lines), out
+    assert "1 job: 1 succeeded" in lines[-1]  # the table's summary, once, at the end

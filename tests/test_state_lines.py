@@ -77,11 +77,11 @@ def test_a_summary_line_comes_every_so_often_while_nothing_changes() -> None:
 def test_a_watch_without_a_terminal_ends_when_every_job_has_ended_and_prints_the_table_once() -> None:
     out = io.StringIO()
     console = Console(file=out, width=200, color_system=None)
-    fetch = statuses([job("A1/prep", "running")], [job("A1/prep", "blocked", blocked_by=["A1/x"], message="blocked: A1/x failed")])
+    fetch = statuses([job("A1/prep", "running")], [job("A1/prep", "blocked", blocked_by=["A1/x"], message="blocked by A1/x (failed)")])
     state = control.refresh(fetch, console, "gpu:/root", 0)  # `inv status --watch`: no `until` of its own
     assert state["jobs"][0]["state"] == "blocked"
     text = out.getvalue()
-    assert "A1/prep blocked: blocked: A1/x failed" in text and "┃ dataset" in text  # the lines, then the table
+    assert "A1/prep blocked by A1/x (failed)\n" in text and "┃ dataset" in text  # the lines, then the table
 
 
 def test_the_outcome_names_the_failures_the_jobs_blocked_behind_them_and_the_next_step() -> None:

@@ -199,11 +199,11 @@ def test_json_has_eta_and_the_gpus_each_job_holds() -> None:
 
 
 def test_a_job_blocked_behind_a_failure_says_so_and_what_to_do() -> None:
-    blocked = job(stage="extract", state="blocked", blocked_by=["A1/prep"], message="blocked: A1/prep failed")
+    blocked = job(stage="extract", state="blocked", blocked_by=["A1/prep"], message="blocked by A1/prep (failed)")
     gpu = job(state="waiting", waiting_for=["B5/extract"], message="the GPU is in use")
     view = status_view.View(NOW, None)
     assert status_view.message(blocked, view).plain == (
-        "blocked: A1/prep failed; fix what it waits on, then `inv rerun --failed`")
+        "blocked by A1/prep (failed); fix that, then `inv rerun --failed`")
     assert status_view.message(gpu, view).plain == "waits for the GPU (B5/extract)"
 
 

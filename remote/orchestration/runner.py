@@ -117,11 +117,11 @@ class Runner:
         """Record `node` as blocked behind its needs `never`, naming the failures at the root of them."""
         roots = sorted({root for need in never for root in self.roots.get(need, [need])})
         self.roots[node["key"]] = roots
-        said = ", ".join(f"{root} {getattr(states.get(root), 'value', 'not started')}" for root in roots)
-        via = f" (via {', '.join(never)})" if never != roots else ""
+        ended = ", ".join(f"{root} ({getattr(states.get(root), 'value', 'not started')})" for root in roots)
+        said = ended if never == roots else f"{', '.join(never)}, behind {ended}"
         # NOTE: no pid: a blocked job has ended (nothing of it runs), and the runner's pid is not its own.
         self.record(node, {"state": JobState.BLOCKED.value, "blocked_by": never, "ended_at": time.time(),
-                           "message": f"blocked: {said}{via}"})
+                           "message": f"blocked by {said}"})
 
     def record(self, node: dict[str, Any], fields: dict[str, Any]) -> None:
         """The state of a job the runner has not started, unless it is already so."""
