@@ -112,7 +112,7 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
         names = hosts.inventory.select(control.split(dataset)) if dataset else None
         from local import planning  # NOTE: here, so other tasks do not import it
 
-        routes = hosts.each(lambda host, out: planning.resolve(host), console())  # a route that fits, or stop
+        routes = hosts.each(lambda host, out: planning.resolve(host, control.mine(host, names)), console())  # a route that fits, or stop
         hosts.raise_failures(routes)
         hosts.raise_failures(hosts.each(lambda host, out: control.run(host, out, names, routes[hosts.name_of(host)]),
                                         console()))
@@ -126,7 +126,10 @@ def plan(c: Context, inventory: str | None = None, json: bool = False) -> None:
     with fleet(inventory_name(c, inventory)) as hosts:
         from local import planning
 
-        hosts.raise_failures(hosts.each(lambda host, out: planning.show(host, out, as_json=json), console()))
+        results = hosts.each(lambda host, out: planning.show(host, out, as_json=json), console())
+    hosts.raise_failures(results)
+    if any(result.get("refusals") for result in results.values()):  # what `inv run` would refuse to start
+        raise Exit(code=1)
 
 
 @task(help={"inventory": INVENTORY})

@@ -158,11 +158,15 @@ def _settled(job: dict[str, Any]) -> bool:
 
 
 def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
+    """The host's checks, run from this checkout's code sent along (`call_sent`): nothing needs to be deployed."""
+    from local import planning
+
     inventory = host.inventory
-    results = host.call("check", layers=inventory.stages.extract.layers, dtype=inventory.stages.extract.dtype,
-                        datasets=list(inventory.datasets),
-                        model=job_specs.on_host(inventory.target.model_dump(), host.root)["model"],
-                        server_url=inventory.stages.infer.server_url)
+    results = host.call_sent("check", layers=inventory.stages.extract.layers, dtype=inventory.stages.extract.dtype,
+                             datasets=list(inventory.datasets),
+                             model=job_specs.on_host(inventory.target.model_dump(), host.root)["model"],
+                             server_url=inventory.stages.infer.server_url,
+                             readiness=planning.readiness(inventory, host.root))
     from rich.table import Table
     from rich.text import Text
 

@@ -70,6 +70,8 @@ def validate(inventory: Inventory, names: list[str] | None = None) -> list[dict[
     try:
         return decode(result.stdout)
     except ValueError:
+        from local.sync import check_sources  # NOTE: only here: a syntax error's file and line, which prep's
+        check_sources()                       # traceback ends without (`SyntaxError: invalid syntax`)
         raise AerieError(f"inv validate could not run prep here: {(result.stderr.strip() or 'no output').splitlines()[-1]}")
 
 
