@@ -101,6 +101,8 @@ def _learned(entry: dict[str, Any]) -> tuple[str, str, str]:
     """Records, assistant turns (those that took a record of their own) and learned tokens (of reasoning)."""
     if not entry.get("records"):
         return "-", "-", "-"
+    if entry.get("kind") == "prompts":  # no answers yet: the target writes them (infer), tokenize counts them
+        return str(entry["records"]), "by infer", "by infer"
     turns = f"{entry.get('assistant_turns', 0)} ({entry.get('turns_expanded', 0)})"
     learned = f"{entry.get('learned_tokens', 0)} ({entry.get('reasoning_tokens', 0)})" if entry.get("learned_tokens") else "-"
     return str(entry["records"]), turns, learned
