@@ -132,11 +132,12 @@ def plan(c: Context, inventory: str | None = None, json: bool = False) -> None:
         raise Exit(code=1)
 
 
-@task(help={"inventory": INVENTORY})
-def check(c: Context, inventory: str | None = None) -> None:
-    """Check the host: Python and packages, GPUs, free disk for the hidden states, the server's flags."""
+@task(help={"inventory": INVENTORY,
+            "install": "first pip install what the stages import (pyproject's `host` extra) into host.python"})
+def check(c: Context, inventory: str | None = None, install: bool = False) -> None:
+    """Check the host before a run: Python and packages, GPUs, disk, the target, layer ids, the inference server."""
     with fleet(inventory_name(c, inventory)) as hosts:
-        results = hosts.each(control.check, console())
+        results = hosts.each(lambda host, out: control.check(host, out, install), console())
     hosts.raise_failures(results)
     if any(r["status"] == "fail" for checks in results.values() for r in checks):
         raise Exit(code=1)

@@ -171,11 +171,22 @@ def _settled(job: dict[str, Any]) -> bool:
     return JobState(job["state"]).is_terminal() or bool(job.get("blocked_by"))
 
 
-def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
-    """The host's checks, run from this checkout's code sent along (`call_sent`): nothing needs to be deployed."""
+def check(host: RemoteHost, console: Console, install: bool = False) -> list[dict[str, Any]]:
+    """The host's checks, run from this checkout's code sent along (`call_sent`): nothing needs to be deployed.
+    `install`: first install pyproject's `host` extra into the host's Python."""
     from local import planning
 
     inventory = host.inventory
+    if install:
+        from local import host_packages
+
+        wanted = host_packages.requirements()
+        console.print(_line(f"installing into {visible(host.python)} on {host.name}: {' '.join(wanted)}"))
+        out = VisibleStream(sys.stdout.buffer)  # pip's words, as the host's: shown, never obeyed
+        try:
+            host.pip_install(wanted, out)
+        finally:
+            out.close()
     results = host.call_sent("check", layers=inventory.stages.extract.layers, dtype=inventory.stages.extract.dtype,
                              datasets=list(inventory.datasets),
                              model=job_specs.on_host(inventory.target.model_dump(), host.root)["model"],

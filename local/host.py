@@ -87,6 +87,14 @@ class RemoteHost:
         command = f"{self._env()}{shlex.quote(self.python)} -c {shlex.quote(SENT_AGENT.read_text())} {shlex.quote(verb)}"
         return self._answer(self.transport.run(command, stdin=payload + b"\n" + remote_sources()), verb)
 
+    def pip_install(self, requirements: list[str], out: BinaryIO) -> None:
+        """`python -m pip install` of `requirements` into the host's Python, its output copied to `out` as it comes."""
+        specs = " ".join(shlex.quote(r) for r in requirements)
+        result = self.transport.run(f"{self._env()}{shlex.quote(self.python)} -m pip install {specs} 2>&1", stream=out)
+        if not result.ok:
+            raise AerieError(f"{self.name}: pip install into {self.python} failed (exit {result.exit_code}): see its "
+                             "output above")
+
     def release(self, verb: str, *args: str, stdin: bytes | None = None) -> Any:
         """The deploy agent, sent as source so that it runs where nothing is deployed yet."""
         argv = " ".join(shlex.quote(a) for a in (verb, self.root, *args))

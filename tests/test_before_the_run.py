@@ -165,3 +165,19 @@ def test_deploy_names_the_file_and_line_of_a_syntax_error_in_prep_s_code(tmp_pat
     assert done.returncode == 2
     assert done.stderr.strip() == f"aerie: remote/ does not compile, nothing was sent: remote/prep/content.py:{at}: invalid syntax"
     assert not (bench.root / "current").exists()
+
+
+@pytest.mark.e2e
+def test_check_install_puts_pyproject_s_host_extra_into_the_host_s_python_with_pip(tmp_path: Path) -> None:
+    """Real pip, offline (PIP_NO_INDEX in host.env): into this virtualenv, which has them all, it changes nothing."""
+    from local.host_packages import requirements
+
+    bench = bench_for(tmp_path)
+    bench.host_settings["env"] = {"PIP_NO_INDEX": "1"}
+    inventory(bench, target_files(tmp_path / "target"), [0, 1, 2], {"A": "native"})
+
+    done = bench.inv("check", "--install", check=False, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"installing into {bench.python} on localhost: {' '.join(requirements())}" in done.stdout
+    assert "Requirement already satisfied: torch==2.13.0" in done.stdout
+    assert done.stdout.index("Requirement already satisfied") < done.stdout.index("checks on localhost")
