@@ -53,8 +53,10 @@ def target(root: Path, model: str | None) -> tuple[dict[str, Any], dict[str, Any
     config = read_config(path)
     if config is None:
         what = "no config.json in" if path.is_dir() else "no such directory:"
-        return check("target", False, f"target.model {model!r}: {what} {path} on the host; point it at the model's "
-                     "directory there (e.g. `huggingface-cli download ... --local-dir`)"), None
+        cached = cached_snapshot(model, "config.json") if HUB_ID.fullmatch(model) else None
+        fix = (f"it is in the host's Hugging Face cache: set target.model to {cached}" if cached else
+               "point it at the model's directory there (`huggingface-cli download REPO --local-dir DIR`)")
+        return check("target", False, f"target.model {model!r}: {what} {path} on the host; {fix}"), None
     return check("target", True, f"{path}: {(config.get('architectures') or ['?'])[0]}"), config
 
 
@@ -65,6 +67,13 @@ def hub_cache() -> Path:
     return Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface").expanduser() / "hub"
 
 
+def cached_snapshot(repo_id: str, file: str) -> Path | None:
+    """A snapshot of hub repo `repo_id` in the host's cache that holds `file`, the newest; None if none does."""
+    found = (hub_cache() / f"models--{repo_id.replace('/', '--')}").glob(f"snapshots/*/{file}")
+    snapshots = sorted((p.parent for p in found), key=lambda p: p.stat().st_mtime)
+    return snapshots[-1] if snapshots else None
+
+
 def tokenizer(root: Path, name: str | None) -> dict[str, Any]:
     if not name:
         return check("tokenizer", False, "target.tokenizer (or target.model) is not set: prep needs the target's tokenizer")
@@ -73,8 +82,8 @@ def tokenizer(root: Path, name: str | None) -> dict[str, Any]:
         found = any((path / f).is_file() for f in ("tokenizer_config.json", "tokenizer.json", "tokenizer.model"))
         return check("tokenizer", found, f"{path}" + ("" if found else ": no tokenizer_config.json or tokenizer.json in it"))
     if HUB_ID.fullmatch(name):
-        cached = hub_cache() / f"models--{name.replace('/', '--')}"
-        if any(cached.glob("snapshots/*/tokenizer_config.json")):
+        cached = cached_snapshot(name, "tokenizer_config.json")
+        if cached:
             return check("tokenizer", True, f"{name} in the host's Hugging Face cache ({cached})")
         # NOTE: a warning: prep downloads it where the host reaches the hub.
         return check("tokenizer", False, f"{name}: not in the host's Hugging Face cache ({hub_cache()}); prep would "

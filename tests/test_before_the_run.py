@@ -57,7 +57,7 @@ def test_layer_ids_are_checked_with_the_architecture_s_own_meaning_of_an_id(tmp_
     assert readiness.layers([2, 30, 61], kimi)["status"] == "fail"
 
 
-def test_a_tokenizer_named_by_hub_id_is_looked_up_in_the_host_s_hub_cache(tmp_path: Path,
+def test_a_hub_id_is_looked_up_in_the_host_s_hub_cache_and_a_target_only_there_is_named_for_the_fix(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     missing = readiness.tokenizer(tmp_path, "moonshotai/Kimi-K2.5")
@@ -67,6 +67,11 @@ def test_a_tokenizer_named_by_hub_id_is_looked_up_in_the_host_s_hub_cache(tmp_pa
     (snapshot / "tokenizer_config.json").write_text("{}")
     assert readiness.tokenizer(tmp_path, "moonshotai/Kimi-K2.5")["status"] == "ok"
     assert readiness.tokenizer(tmp_path, "/nowhere/tokenizer")["status"] == "fail"
+    # The target must be a directory (extract reads it there); one only in the cache is named for the fix.
+    (snapshot / "config.json").write_text(json.dumps({"architectures": [LLAMA], "num_hidden_layers": 4}))
+    found, config = readiness.target(tmp_path, "moonshotai/Kimi-K2.5")
+    assert found["status"] == "fail" and config is None
+    assert found["detail"].endswith(f"it is in the host's Hugging Face cache: set target.model to {snapshot}")
 
 
 def test_only_the_datasets_a_run_takes_ask_for_a_server_and_a_stage_s_own_command_skips_its_checks(
