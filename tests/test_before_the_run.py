@@ -144,7 +144,7 @@ class _Health(JSONHandler):
 def test_check_runs_on_a_fresh_host_where_nothing_was_deployed(tmp_path: Path, backend: str,
                                                                request: pytest.FixtureRequest) -> None:
     sshd = request.getfixturevalue("sshd") if backend == "ssh" else None
-    bench = bench_for(tmp_path, backend, sshd)
+    bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "new" / "disk" / "root", backend, sshd)  # no folder yet
     inventory(bench, target_files(tmp_path / "target"), [0, 1, 2], {"A": "native"})
 
     done = bench.inv("check", check=False)
@@ -152,7 +152,7 @@ def test_check_runs_on_a_fresh_host_where_nothing_was_deployed(tmp_path: Path, b
     assert "nothing is deployed" not in done.stdout + done.stderr
     assert done.returncode == 0, done.stdout + done.stderr  # gpus and the server's flags only warn
     assert "python │ ok" in table and "layers │ ok │ [0, 1, 2] on a 4-layer LlamaForCausalLM" in table
-    assert not bench.root.exists()  # it ran from the sources it sent: nothing written on the host
+    assert not (tmp_path / "new").exists()  # it ran from the sources it sent: nothing written on the host
 
 
 @pytest.mark.e2e
