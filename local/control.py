@@ -68,7 +68,7 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | N
         console.print(_line(f"Dry run: would deploy {summary} to {where} (now {visible(str(plan.base or 'nothing'))}); "
                             f"it sends {_shipped(host.inventory.deploy.ship)}."))
         return None
-    answer = sync.push_and_prune(host, plan)
+    answer = sync.push(host, plan)
     release, pruned = answer["id"], answer.get("pruned", [])
     live = sync.current_release(host)  # read after the switch: a deploy from elsewhere may have followed it
     if live.get("files") != plan.files:

@@ -128,12 +128,7 @@ def pack(paths: list[str], repo: Path = REPO) -> bytes:
     return buffer.getvalue()
 
 
-def push(host: RemoteHost, plan: Plan, repo: Path = REPO) -> str:
-    """Send the changed files and switch; returns the new release id."""
-    return push_and_prune(host, plan, repo)["id"]
-
-
-def push_and_prune(host: RemoteHost, plan: Plan, repo: Path = REPO) -> dict[str, Any]:
+def push(host: RemoteHost, plan: Plan, repo: Path = REPO) -> dict[str, Any]:
     """Send the changed files, switch, and prune to `deploy.keep` releases: {id, pruned (the ids removed)}."""
     args = {"id": plan.release_id, "files": plan.files, "send": plan.send, "keep": host.inventory.deploy.keep}
     return host.release("apply", stdin=json.dumps(args).encode() + b"\n" + pack(plan.send, repo))
