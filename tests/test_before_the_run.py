@@ -88,6 +88,15 @@ def test_only_the_datasets_a_run_takes_ask_for_a_server_and_a_stage_s_own_comman
     assert planning.readiness(loaded, str(bench.root), ["B"])["checks"] == ["tokenizer", "server"]
 
 
+def test_a_server_url_that_is_not_a_url_is_a_failed_check_not_a_traceback(free_port: int) -> None:
+    bad = readiness.server(["B"], "127.0.0.1:30000", managed=False)
+    assert bad["status"] == "fail" and "'127.0.0.1:30000' is not a URL" in bad["detail"]
+    assert readiness.server(["B"], "127.0.0.1:30000", managed=True)["status"] == "fail"  # the runner would wait on it
+    closed = readiness.server(["B"], f"http://127.0.0.1:{free_port}/v1", managed=False)
+    assert closed["status"] == "fail" and closed["detail"].startswith("prompts datasets B need an inference server")
+    assert readiness.server(["B"], f"http://127.0.0.1:{free_port}/v1", managed=True)["status"] == "ok"
+
+
 # -- through the real tasks ----------------------------------------------------------------------------
 
 
