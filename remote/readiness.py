@@ -108,12 +108,12 @@ def layers(ids: list[int], config: dict[str, Any]) -> dict[str, Any]:
 def server(prompts: list[str], url: str, managed: bool) -> dict[str, Any]:
     """Prompts datasets need an inference server: a managed one (started by the runner), or one answering now."""
     if not url.startswith(("http://", "https://")):
-        return check("infer server", False, f"stages.infer.server_url {url!r} is not a URL such as http://127.0.0.1:30000/v1")
+        return check("infer's server", False, f"stages.infer.server_url {url!r} is not a URL such as http://127.0.0.1:30000/v1")
     if managed:
-        return check("infer server", True, f"started by the pipeline's runner (stages.infer.server_command) at {url}")
+        return check("infer's server", True, f"started by the pipeline's runner (stages.infer.server_command) at {url}")
     if inference_server.is_healthy(url):
-        return check("infer server", True, f"{url} answers")
-    return check("infer server", False, f"prompts datasets {', '.join(prompts)} need an inference server: none answers at "
+        return check("infer's server", True, f"{url} answers")
+    return check("infer's server", False, f"prompts datasets {', '.join(prompts)} need an inference server: none answers at "
                  f"{url} (stages.infer.server_url) and none is managed; start one, or set stages.infer.server_command")
 
 
