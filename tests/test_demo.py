@@ -173,3 +173,18 @@ def test_the_line_under_the_demo_s_table_gives_the_draft_s_accept_length_whole()
     assert "over 50 positions" in line and line.endswith(f"{inventory.host.root}/data/draft/train/draft")
     assert accept_line({"jobs": [{**train, "state": "failed"}]}, inventory) is None  # never a figure of a failed run
     assert accept_line({"jobs": []}, inventory) is None
+
+
+def test_what_the_demo_prints_after_its_table_starts_on_a_line_of_its_own_without_a_terminal() -> None:
+    """Piped (a log file, CI), the live table's last frame did not end its line: the accept length was glued on."""
+    import io
+
+    from rich.console import Console
+
+    from local.control import follow
+
+    out = io.StringIO()
+    state = {"now": 0.0, "current_release": "r1", "jobs": [
+        {"dataset": "pipeline", "stage": "run", "state": "succeeded", "records": 1, "skipped": 0, "message": "done"}]}
+    follow(lambda: state, Console(file=out, width=120, force_terminal=False), "host:/root", interval=0)
+    assert out.getvalue().endswith("\n") and not out.getvalue().endswith("\n\n\n")
