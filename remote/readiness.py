@@ -22,13 +22,10 @@ from typing import Any
 
 from remote.control_plane import inference_server
 from remote.eagle3 import StageInputError, layer_ids
+from remote.preflight import check
 
 #: A Hugging Face hub id (`org/name`), which prep's tokenizer may be; the model must be a directory.
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-
-
-def check(name: str, ok: bool, detail: str, warn_only: bool = False) -> dict[str, Any]:
-    return {"name": name, "status": "ok" if ok else "warn" if warn_only else "fail", "detail": detail}
 
 
 def on_host(root: Path, value: str) -> Path:
