@@ -133,7 +133,11 @@ def first_screen(checkout: Path) -> str:
                 break
     finally:
         demo.send_signal(signal.SIGINT)  # as a user's Ctrl-C: the live table ends, the jobs go on
-        demo.communicate(timeout=60)
+        try:
+            demo.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # NOTE: seen once on a machine at load 16; this test is about the screen
+            demo.kill()
+            demo.communicate()
         subprocess.run([sys.executable, "-m", "invoke", "stop", "--all", "-i", "local"], cwd=checkout, env=env,
                        capture_output=True, timeout=120)
     return "".join(lines)
