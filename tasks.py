@@ -114,7 +114,7 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
         names = hosts.inventory.select(control.split(dataset)) if dataset else None
         from local import planning  # NOTE: here, so other tasks do not import it
 
-        routes = hosts.each(lambda host, out: planning.resolve(host), console())  # a route that fits, or stop
+        routes = hosts.each(lambda host, out: planning.resolve(host, control.mine(host, names)), console())  # a route that fits, or stop
         hosts.raise_failures(routes)
         hosts.raise_failures(hosts.each(lambda host, out: control.run(host, out, names, routes[hosts.name_of(host)]),
                                         console()))
@@ -129,14 +129,18 @@ def plan(c: Context, inventory: str | None = None, json: bool = False) -> None:
     with fleet(inventory_name(c, inventory)) as hosts:
         from local import planning
 
-        hosts.raise_failures(hosts.each(lambda host, out: planning.show(host, out, as_json=json), console()))
+        results = hosts.each(lambda host, out: planning.show(host, out, as_json=json), console())
+    hosts.raise_failures(results)
+    if any(result.get("refusals") for result in results.values()):  # what `inv run` would refuse to start
+        raise Exit(code=1)
 
 
-@task(help={"inventory": INVENTORY})
-def check(c: Context, inventory: str | None = None) -> None:
-    """Check the host: Python and packages, GPUs, free disk for the hidden states, the server's flags."""
+@task(help={"inventory": INVENTORY,
+            "install": "first pip install what the stages import (pyproject's `host` extra) into host.python"})
+def check(c: Context, inventory: str | None = None, install: bool = False) -> None:
+    """Check the host before a run: Python and packages, GPUs, disk, the target, layer ids, the inference server."""
     with fleet(inventory_name(c, inventory)) as hosts:
-        results = hosts.each(control.check, console())
+        results = hosts.each(lambda host, out: control.check(host, out, install), console())
     hosts.raise_failures(results)
     if any(r["status"] == "fail" for checks in results.values() for r in checks):
         raise Exit(code=1)

@@ -49,7 +49,7 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | N
     """Send what changed to one host (`inv deploy` has validated the inventory's data first)."""
     from local import sync  # here, as validation below: `inv status` and `inv launch` need neither
 
-    plan = sync.plan(host, sync.manifest())
+    plan = sync.plan(host, sync.manifest(ship=host.inventory.deploy.ship))
     sync.check_sources(paths=plan.send)
     where = f"{host.name}:{host.root}"
     if plan.is_noop:
@@ -65,16 +65,27 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | N
         console.print(f"  ... and {len(listed) - len(shown)} more (`inv deploy --dry-run` lists all)")
     summary = f"{len(plan.added)} added, {len(plan.changed)} changed, {len(plan.removed)} removed"
     if dry_run:
-        console.print(_line(f"Dry run: would deploy {summary} to {where} (now {visible(str(plan.base or 'nothing'))})."))
+        console.print(_line(f"Dry run: would deploy {summary} to {where} (now {visible(str(plan.base or 'nothing'))}); "
+                            f"it sends {_shipped(host.inventory.deploy.ship)}."))
         return None
-    release = sync.push(host, plan)
+    answer = sync.push(host, plan)
+    release, pruned = answer["id"], answer.get("pruned", [])
     live = sync.current_release(host)  # read after the switch: a deploy from elsewhere may have followed it
     if live.get("files") != plan.files:
         raise AerieError(f"{where}: another deploy replaced release {release} before this one ended; the host runs "
                          f"{visible(str(live.get('id')))}, not this checkout: `inv deploy` again to send it")
     live_as = "it is live" if live.get("id") == release else f"the host runs {visible(str(live.get('id')))}, the same files"
-    console.print(_line(f"Deployed release {release} to {where}: {summary}; {live_as}."))
+    kept = (f"; removed {len(pruned)} older release{'s' * (len(pruned) != 1)} (deploy.keep: "
+            f"{host.inventory.deploy.keep})") if pruned else ""
+    console.print(_line(f"Deployed release {release} to {where}: {summary}; {live_as}{kept}."))
     return release
+
+
+def _shipped(ship: list[str]) -> str:
+    from local.sync import SHIPPED
+
+    return ", ".join(f"{top}/" for top in SHIPPED) + (f" and deploy.ship: {visible(', '.join(ship))}" if ship else
+                                                      " (add your own files with deploy.ship in the inventory)")
 
 
 def launch(host: RemoteHost, console: Console, stage: str, datasets: list[str] | None,
@@ -177,8 +188,9 @@ def run(host: RemoteHost, console: Console, datasets: list[str] | None, route: s
     if not result["launched"]:
         raise AerieError(f"the pipeline is {visible(result['reason']).replace('already running', 'already running on ' + host.name)}: "
                          "watch it with `inv status --watch`, or `inv stop -d pipeline` first")
+    jobs = len(spec["config"]["stage"]["plan"])  # NOTE: counted as `inv status` counts them, the runner too
     console.print(_line(f"pipeline started on {host.name} (runner {visible(str(result['where']))}): "
-                        f"{len(spec['config']['stage']['plan'])} jobs; `inv status --watch` follows it"))
+                        f"{jobs + 1} jobs: {jobs} and the runner; `inv status --watch` follows it"))
     return result
 
 
@@ -203,6 +215,8 @@ def refresh(fetch: Callable[[], dict[str, Any]], console: Console, title: str, i
                 live.update(status_view.render(state, title=title, fit=True), refresh=True)
         except KeyboardInterrupt:
             pass
+    if not console.is_terminal:  # NOTE: rich ends the last frame with a line break only on a terminal
+        console.line()
     return state
 
 
@@ -236,12 +250,27 @@ def _all_ended(state: dict[str, Any]) -> bool:
     return all(JobState(job["state"]).is_terminal() for job in state["jobs"])
 
 
-def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
+def check(host: RemoteHost, console: Console, install: bool = False) -> list[dict[str, Any]]:
+    """The host's checks, run from this checkout's code sent along (`call_sent`): nothing needs to be deployed.
+    `install`: first install pyproject's `host` extra into the host's Python."""
+    from local import planning
+
     inventory = host.inventory
-    results = host.call("check", layers=inventory.stages.extract.layers, dtype=inventory.stages.extract.dtype,
-                        datasets=list(inventory.datasets),
-                        model=job_specs.on_host(inventory.target.model_dump(), host.root)["model"],
-                        server_url=inventory.stages.infer.server_url)
+    if install:
+        from local import host_packages
+
+        wanted = host_packages.requirements()
+        console.print(_line(f"installing into {visible(host.python)} on {host.name}: {' '.join(wanted)}"))
+        out = VisibleStream(sys.stdout.buffer)  # pip's words, as the host's: shown, never obeyed
+        try:
+            host.pip_install(wanted, out)
+        finally:
+            out.close()
+    results = host.call_sent("check", layers=inventory.stages.extract.layers, dtype=inventory.stages.extract.dtype,
+                             datasets=list(inventory.datasets),
+                             model=job_specs.on_host(inventory.target.model_dump(), host.root)["model"],
+                             server_url=inventory.stages.infer.server_url,
+                             readiness=planning.readiness(inventory, host.root))
     from rich.table import Table
     from rich.text import Text
 
@@ -259,12 +288,30 @@ def demo(host: RemoteHost, console: Console) -> dict[str, Any]:
     """The whole pipeline on the embedded `local` inventory, with a tiny target built offline."""
     from local import validation
 
+    # NOTE: the target first, from the sources sent (nothing need be deployed): the validation before the
+    # deploy counts tokens with its tokenizer, which is not there until it is built.
+    built = host.call_sent("assets")
+    console.print(_line(f"{'built' if built['built'] else 'reusing'} the tiny target in {visible(built['path'])}"))
     validation.check(host.inventory, console)
     deploy(host, console)
-    built = host.call("assets")
-    console.print(_line(f"{'built' if built['built'] else 'reusing'} the tiny target in {visible(built['path'])}"))
     run(host, console, None, host.inventory.stages.extract.route)  # auto, unresolved: offline
-    return follow(lambda: host.call("status"), console, f"{host.name}:{host.root}")  # its last frame stays
+    state = follow(lambda: host.call("status"), console, f"{host.name}:{host.root}")  # its last frame stays
+    line = accept_line(state, host.inventory)
+    if line:
+        console.print(_line(line))
+    return state
+
+
+def accept_line(state: dict[str, Any], inventory: Inventory) -> str | None:
+    """The draft's held-out accept length, whole, for the line under the demo's table (whose last column is cut)."""
+    train = next((j for j in state["jobs"] if (j["dataset"], j["stage"]) == (DRAFT, "train")), None)
+    metrics = (train or {}).get("metrics") or {}
+    if train is None or train["state"] != JobState.SUCCEEDED.value or metrics.get("accept_length") is None:
+        return None
+    steps = inventory.stages.train.eval_steps
+    return (f"draft: held-out accept length {metrics['accept_length']:.3f} of at most {steps + 1} "
+            f"(1.0: the draft is useless), over {metrics.get('eval_positions', 0):,} positions of records it never "
+            f"trained on; the draft is {graph.host_output(inventory, DRAFT, 'train')}/draft")
 
 
 def report(console: Console, results: list[dict[str, Any]], verb: str) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import zlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from local.exceptions import AerieError, NotDeployed
@@ -21,6 +23,7 @@ NOT_DEPLOYED = 90  # the exit code of the guard in front of every job command
 #: Jobs they start are new interpreters with their site.
 BARE_VERBS = frozenset({"status", "launch", "run", "rerun", "stop", "logs", "eval_report"})
 RELEASE_AGENT = (REPO / "remote" / "control_plane" / "release.py").read_text()
+SENT_AGENT = REPO / "remote" / "control_plane" / "sent.py"
 #: Longer JSON arguments go on stdin: Linux refuses one argument over 128 KiB (MAX_ARG_STRLEN), which
 #: the specs of a launch of about 120 jobs reach.
 INLINE_ARGS = 64 * 1024
@@ -77,6 +80,21 @@ class RemoteHost:
         if not result.ok:
             self._refuse(result, verb)
 
+    def call_sent(self, verb: str, **args: Any) -> Any:
+        """`call`, with this checkout's `remote/` sent along on stdin (remote/control_plane/sent.py): it works
+        where nothing is deployed yet, and runs the checkout's code rather than an older release's."""
+        payload = json.dumps({"root": self.root, **args}).encode()
+        command = f"{self._env()}{shlex.quote(self.python)} -c {shlex.quote(SENT_AGENT.read_text())} {shlex.quote(verb)}"
+        return self._answer(self.transport.run(command, stdin=payload + b"\n" + remote_sources()), verb)
+
+    def pip_install(self, requirements: list[str], out: BinaryIO) -> None:
+        """`python -m pip install` of `requirements` into the host's Python, its output copied to `out` as it comes."""
+        specs = " ".join(shlex.quote(r) for r in requirements)
+        result = self.transport.run(f"{self._env()}{shlex.quote(self.python)} -m pip install {specs} 2>&1", stream=out)
+        if not result.ok:
+            raise AerieError(f"{self.name}: pip install into {self.python} failed (exit {result.exit_code}): see its "
+                             "output above")
+
     def release(self, verb: str, *args: str, stdin: bytes | None = None) -> Any:
         """The deploy agent, sent as source so that it runs where nothing is deployed yet."""
         argv = " ".join(shlex.quote(a) for a in (verb, self.root, *args))
@@ -103,3 +121,10 @@ class RemoteHost:
 
     def close(self) -> None:
         self.transport.close()
+
+
+def remote_sources(repo: Path = REPO) -> bytes:
+    """Every module of `remote/` in the checkout, as zlib-compressed JSON {path: source}: what `call_sent` sends."""
+    files = {path.relative_to(repo).as_posix(): path.read_text() for path in sorted((repo / "remote").rglob("*.py"))
+             if "__pycache__" not in path.parts}
+    return zlib.compress(json.dumps(files).encode(), 1)  # level 1: most of the saving for little of the time

@@ -285,6 +285,25 @@ class Target(Strict):
     trust_remote_code: bool = False
 
 
+class Deploy(Strict):
+    """What `inv deploy` sends to the host and keeps there (local/sync.py, remote/control_plane/release.py)."""
+
+    ship: list[str] = Field(default_factory=list, description="more of this checkout to send beside remote/ and "
+                            "inventories/samples/: files or folders relative to the checkout, e.g. [scripts]")
+    keep: int = Field(5, ge=1, description="releases kept under <root>/releases/ by each deploy, newest first; older "
+                      "ones are removed, never the live one nor one a job still runs from")
+
+    @field_validator("ship")
+    @classmethod
+    def _inside(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            parts = Path(path).parts
+            if not parts or Path(path).is_absolute() or ".." in parts or parts[0] in (".git", ".venv", ".aerie"):
+                raise ValueError(f"{path!r} is not a path inside the checkout: give it relative to the checkout, "
+                                 "without '..', not the whole checkout nor .git, .venv or .aerie (e.g. scripts)")
+        return paths
+
+
 class Resources(Strict):
     """What `sbatch` asks for (backend slurm); None leaves Slurm's default."""
 
@@ -316,6 +335,7 @@ class Inventory(InventoryQueries, Strict):
     target: Target = Field(default_factory=Target)
     stages: Stages = Field(default_factory=Stages)
     datasets: dict[str, Dataset] = Field(default_factory=dict)
+    deploy: Deploy = Field(default_factory=Deploy)
     #: Where the file was read from, for messages (not a YAML key).
     path: Path | None = Field(None, exclude=True)
 

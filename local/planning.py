@@ -23,10 +23,11 @@ from local.inventory import Inventory
 from remote.sizing import size_text, refusal
 
 
-def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]] | None = None,
+            names: list[str] | None = None) -> dict[str, Any]:
     extract, train, prep = inventory.stages.extract, inventory.stages.train, inventory.stages.prep
     return {
-        "root": root,
+        "root": root, "readiness": readiness(inventory, root, names),
         "model": job_specs.on_host(inventory.target.model_dump(), root)["model"],
         "layers": extract.layers, "dtype": extract.dtype, "disk_budget": extract.disk_budget,
         "route": extract.route, "engine": train.engine, "max_length": prep.max_length,
@@ -41,6 +42,21 @@ def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]
     }
 
 
+def readiness(inventory: Inventory, root: str, names: list[str] | None = None) -> dict[str, Any]:
+    """What `remote/readiness.py` checks before a run of `names` (default: every dataset): the target and its
+    tokenizer, the layer ids against it, an inference server for prompts datasets. A stage with a `command`
+    of its own runs the user's code: its checks are left out."""
+    stages, target = inventory.stages, job_specs.on_host(inventory.target.model_dump(), root)
+    chosen = inventory.select(names) if inventory.datasets else []
+    prompts = [name for name in chosen if inventory.datasets[name].kind == "prompts"]
+    checks = [name for name, wanted in (("tokenizer", chosen and stages.prep.command is None),
+                                        ("target", chosen and stages.extract.command is None),
+                                        ("server", prompts and stages.infer.command is None)) if wanted]
+    return {"checks": checks, "tokenizer": target["tokenizer"] or target["model"], "model": target["model"],
+            "layers": stages.extract.layers, "prompts": prompts, "server_url": stages.infer.server_url,
+            "server_managed": stages.infer.server_command is not None}
+
+
 def estimates(inventory: Inventory) -> dict[str, dict[str, Any]]:
     """`inv validate`'s figures per dataset (rows, kept, mean_tokens over its sample); {} when it cannot run."""
     try:
@@ -50,11 +66,12 @@ def estimates(inventory: Inventory) -> dict[str, dict[str, Any]]:
     return {e["dataset"]: {k: e.get(k) for k in ("rows", "kept", "mean_tokens")} for e in entries if not e["error"]}
 
 
-def ask(host: RemoteHost) -> dict[str, Any]:
-    """The host's plan; with sample estimates when prep has not run for some dataset."""
-    result = host.call("plan", **request(host.inventory, host.root))
+def ask(host: RemoteHost, names: list[str] | None = None) -> dict[str, Any]:
+    """The host's plan for `names` (default: every dataset); with sample estimates when prep has not run for some.
+    The checkout's `remote/` goes with it (`call_sent`): a plan needs no deploy."""
+    result = host.call_sent("plan", **request(host.inventory, host.root, names=names))
     if result["unknown"]:
-        result = host.call("plan", **request(host.inventory, host.root, estimates(host.inventory)))
+        result = host.call_sent("plan", **request(host.inventory, host.root, estimates(host.inventory), names))
     return result
 
 
@@ -86,6 +103,8 @@ def show(host: RemoteHost, console: Console, as_json: bool = False) -> dict[str,
     why = refusal(result)
     if why:
         console.print(f"[bold red]{escape(why)}[/]")
+    for problem in result.get("refusals", []):  # what `inv run` refuses to start on
+        console.print(f"[bold red]cannot run: {escape(problem)}[/]")
     return result
 
 
@@ -105,18 +124,21 @@ def costs_table(result: dict[str, Any]) -> Table:
     return table
 
 
-def require(host: RemoteHost) -> dict[str, Any]:
-    """Before `inv run`: the plan, or an `AerieError` naming the numbers when the configured route cannot fit."""
-    result = ask(host)
+def require(host: RemoteHost, names: list[str] | None = None) -> dict[str, Any]:
+    """Before `inv run`: the plan, or an `AerieError` naming the numbers when the configured route cannot fit,
+    or what `remote/readiness.py` found wrong (a layer id, the target, the inference server)."""
+    result = ask(host, names)
+    if result.get("refusals"):
+        raise AerieError(f"{host.name}: nothing was started: " + "; ".join(result["refusals"]))
     why = refusal(result)
     if why:
         raise AerieError(f"{host.name}: {why}")
     return result
 
 
-def resolve(host: RemoteHost) -> str:
+def resolve(host: RemoteHost, names: list[str] | None = None) -> str:
     """`require`, then the route this run takes: the configured one, or for auto the one that fits."""
-    result = require(host)
+    result = require(host, names)
     stages = host.inventory.stages
     if stages.extract.route != "auto" or not result["route"]:
         return stages.extract.route

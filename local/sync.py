@@ -29,11 +29,15 @@ SHIPPED = ("remote", "inventories/samples")
 SKIPPED_PARTS = {"__pycache__", ".pytest_cache"}
 
 
-def manifest(repo: Path = REPO) -> dict[str, str]:
-    """Every shipped file, by path relative to the checkout, with its sha256."""
+def manifest(repo: Path = REPO, ship: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
+    """Every shipped file -- `SHIPPED`, and the inventory's `deploy.ship` -- by path relative to the checkout,
+    with its sha256."""
     files = {}
-    for top in SHIPPED:
-        for path in sorted((repo / top).rglob("*")):
+    for top in (*SHIPPED, *ship):
+        base = repo / top
+        if not base.exists():
+            raise AerieError(f"deploy.ship: {top!r} is not in the checkout ({base}): give a file or folder of it")
+        for path in [base] if base.is_file() else sorted(base.rglob("*")):
             relative = path.relative_to(repo)
             if path.is_file() and not SKIPPED_PARTS & set(relative.parts) and path.suffix != ".pyc":
                 files[relative.as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -124,8 +128,7 @@ def pack(paths: list[str], repo: Path = REPO) -> bytes:
     return buffer.getvalue()
 
 
-def push(host: RemoteHost, plan: Plan, repo: Path = REPO) -> str:
-    """Send the changed files and switch; returns the new release id."""
-    args = {"id": plan.release_id, "files": plan.files, "send": plan.send}
-    answer = host.release("apply", stdin=json.dumps(args).encode() + b"\n" + pack(plan.send, repo))
-    return answer["id"]
+def push(host: RemoteHost, plan: Plan, repo: Path = REPO) -> dict[str, Any]:
+    """Send the changed files, switch, and prune to `deploy.keep` releases: {id, pruned (the ids removed)}."""
+    args = {"id": plan.release_id, "files": plan.files, "send": plan.send, "keep": host.inventory.deploy.keep}
+    return host.release("apply", stdin=json.dumps(args).encode() + b"\n" + pack(plan.send, repo))

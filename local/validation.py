@@ -70,6 +70,8 @@ def validate(inventory: Inventory, names: list[str] | None = None) -> list[dict[
     try:
         return decode(result.stdout)
     except ValueError:
+        from local.sync import check_sources  # NOTE: only here: a syntax error's file and line, which prep's
+        check_sources()                       # traceback ends without (`SyntaxError: invalid syntax`)
         raise AerieError(f"inv validate could not run prep here: {(result.stderr.strip() or 'no output').splitlines()[-1]}")
 
 
@@ -99,6 +101,8 @@ def _learned(entry: dict[str, Any]) -> tuple[str, str, str]:
     """Records, assistant turns (those that took a record of their own) and learned tokens (of reasoning)."""
     if not entry.get("records"):
         return "-", "-", "-"
+    if entry.get("kind") == "prompts":  # no answers yet: the target writes them (infer), tokenize counts them
+        return str(entry["records"]), "by infer", "by infer"
     turns = f"{entry.get('assistant_turns', 0)} ({entry.get('turns_expanded', 0)})"
     learned = f"{entry.get('learned_tokens', 0)} ({entry.get('reasoning_tokens', 0)})" if entry.get("learned_tokens") else "-"
     return str(entry["records"]), turns, learned

@@ -318,16 +318,17 @@ def _log_dir(root: Path, dataset: str, stage: str | None) -> Path:
 
 
 def check(args: dict[str, Any]) -> Any:
-    from remote import preflight
+    from remote import preflight, readiness
 
-    return preflight.run(args)
+    return preflight.run(args) + readiness.checks(args)
 
 
 def plan(args: dict[str, Any]) -> Any:
-    from remote import sizing
+    """`inv plan`'s figures, and what `inv run` would refuse to start on (`remote.readiness`)."""
+    from remote import readiness, sizing
 
     try:
-        return sizing.plan(args)
+        return {**sizing.plan(args), "refusals": readiness.refusals(args)}
     except sizing.PlanError as exc:
         raise HostError(str(exc)) from None
 

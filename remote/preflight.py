@@ -53,7 +53,7 @@ def gpus() -> dict[str, Any]:
 
 def disk(root: Path, datasets: list[str], layers: list[int], model: str | None, dtype: str) -> dict[str, Any]:
     """Free space against the hidden states' size, sized as `inv plan` sizes them (`sizing.stored_bytes`)."""
-    free = shutil.disk_usage(root if root.exists() else root.parent).free
+    free = sizing.free_bytes(root)
     width = sizing.hidden_size(model)
     manifests = [m for m in (sizing.prep_manifest(layout.data_dir(root, name)) for name in datasets) if m]
     tokens = sum(int(m["tokens"]["total"]) for m in manifests)

@@ -87,6 +87,14 @@ def hidden_size(model: str | None) -> int | None:
     return (config.get("text_config") or config).get("hidden_size")
 
 
+def free_bytes(root: Path) -> int:
+    """Free space where `root` is or will be: its nearest existing folder's (a fresh host has no root yet)."""
+    where = root
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    return shutil.disk_usage(where).free
+
+
 def prep_manifest(data: Path) -> dict[str, Any] | None:
     """The manifest of the prep output extract reads: tokenize's for a prompts dataset, else prep's."""
     for stage in ("tokenize", "prep"):
@@ -147,7 +155,7 @@ def plan(args: dict[str, Any]) -> dict[str, Any]:
     datasets = [dataset_tokens(root, d) for d in args["datasets"]]
     known = [d for d in datasets if d["tokens"] is not None]
     tokens = sum(d["tokens"] for d in known)
-    free = shutil.disk_usage(root if root.exists() else root.parent).free
+    free = free_bytes(root)
     budget = parse_size(args.get("disk_budget"))
     usable = min(budget, free) if budget else free
     result: dict[str, Any] = {

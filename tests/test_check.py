@@ -46,8 +46,12 @@ def draft_dir(tmp_path: Path, layers: list[int]) -> Path:
 
 
 def check_with(bench: Bench, info: dict[str, Any], layers: list[int]):  # noqa: ANN201
+    from tests.test_before_the_run import target_files
+
+    target = target_files(bench.root.parent / "target", num_layers=61)
     for url in sglang_like(info):
-        bench.inventory({"A": {"source": "x", "kind": "native"}}, {"infer": {"server_url": url}, "extract": {"layers": layers}})
+        bench.inventory({"A": {"source": "x", "kind": "native"}}, {"infer": {"server_url": url}, "extract": {"layers": layers}},
+                        target={"model": str(target), "tokenizer": str(target)})
         bench.inv("deploy")
         return bench.inv("check", check=False)
 

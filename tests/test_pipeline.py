@@ -60,7 +60,7 @@ def test_run_follows_the_dag_and_never_shares_the_gpu(bench: Bench, free_port: i
         (plans / job).write_text(f"records=1 sleep=0.3 shun_url={url}")
     bench.inv("deploy")
     started = bench.inv("run")
-    assert "pipeline started" in started.stdout and "7 jobs" in started.stdout
+    assert "pipeline started" in started.stdout and "8 jobs: 7 and the runner" in started.stdout
     jobs = wait_pipeline(bench)
     assert {k: j["state"] for k, j in jobs.items()} == {
         "A/prep": "succeeded", "A/extract": "succeeded", "B/prep": "succeeded", "B/infer": "succeeded",

@@ -16,7 +16,8 @@ KIMI_BYTES_PER_TOKEN = (3 + 1) * 7168 * 2  # 57,344: three aux layers and the fi
 
 def kimi_config(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({"model_type": "kimi_k25", "text_config": KIMI_TEXT}))
+    (path / "config.json").write_text(json.dumps({"architectures": ["KimiK25ForConditionalGeneration"],
+                                                  "model_type": "kimi_k25", "text_config": KIMI_TEXT}))
     return path
 
 

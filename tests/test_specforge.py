@@ -378,7 +378,7 @@ def test_inv_run_on_the_auto_route_refuses_online_specforge_without_its_settings
 
     inventory = load(str(write_inventory(tmp_path, {"route": "auto"}, {})))  # fine while the route is unknown
     host = SimpleNamespace(name="local", root=inventory.host.root, inventory=inventory)
-    monkeypatch.setattr(planning, "require", lambda host: {"route": "online"})
+    monkeypatch.setattr(planning, "require", lambda host, names=None: {"route": "online"})
 
     with pytest.raises(AerieError, match=r"^local: route online \(auto\): engine specforge on the online route needs "
                                          r"stages\.train\.specforge_server_urls .* and stages\.train\.specforge_mooncake"):

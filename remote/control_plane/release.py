@@ -10,8 +10,9 @@ nothing is deployed yet. Layout under the root::
     releases/.incoming-<id>/  a deploy in progress; removed by the next deploy
 
 Verbs: ``manifest ROOT`` prints the current release's manifest; ``apply ROOT
-`` reads one JSON line (the new manifest and which files are sent), then a
-gzip tar of those files, from stdin, and switches.
+`` reads one JSON line (the new manifest, which files are sent, and how many
+releases to keep), then a gzip tar of those files, from stdin, switches, and
+prunes the older releases no job runs from.
 """
 
 import fcntl
@@ -24,7 +25,6 @@ import tarfile
 import time
 
 MANIFEST = ".aerie-release.json"
-KEEP = 5
 OPEN, CLOSE = "<aerie-payload>", "</aerie-payload>"
 
 
@@ -145,9 +145,22 @@ def in_use(root):
     return used
 
 
+def created(releases, name):
+    """When a release was made, from its manifest (a torn one: never, so it goes first)."""
+    try:
+        with open(os.path.join(releases, name, MANIFEST)) as handle:
+            return float(json.load(handle).get("created_at") or 0)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return 0.0
+
+
 def prune(root, keep):
+    """Remove all but the newest `keep` releases, except the live one and those jobs run from.
+
+    NOTE: by their manifests' times: ids order by the second only, and two deploys within one second differ
+    in the digest that follows it."""
     releases = os.path.join(root, "releases")
-    names = sorted(n for n in os.listdir(releases) if not n.startswith("."))
+    names = sorted((n for n in os.listdir(releases) if not n.startswith(".")), key=lambda n: (created(releases, n), n))
     spare = set(names[-keep:]) | in_use(root) | {os.path.basename(os.path.realpath(os.path.join(root, "current")))}
     removed = [n for n in names if n not in spare]
     for name in removed:
@@ -164,7 +177,7 @@ def apply(root):
         incoming = build(root, args, stream)
         settle(incoming, os.path.join(root, "releases", args["id"]), args["files"])
         switch(root, args["id"])
-        removed = prune(root, args.get("keep", KEEP))
+        removed = prune(root, args["keep"])  # the inventory's deploy.keep, its default resolved there
     emit({"id": args["id"], "pruned": removed})
 
 
