@@ -158,7 +158,7 @@ def rerun(args: dict[str, Any]) -> Any:
 
 def _in_pipeline(root: Path, key: str, planned: set[str]) -> bool:
     """Part of the last `inv run`: its runner, a job of its plan, or a queued job that carries it (Slurm)."""
-    return key in planned or key == layout.RUNNER_KEY or "run" in stored_spec(layout.key_dir(root, key))
+    return key in planned or key == layout.RUNNER_KEY or stored_spec(layout.key_dir(root, key)).get("run") is not None
 
 
 def plan_specs(runner: dict[str, Any] | None) -> dict[str, dict[str, Any]]:

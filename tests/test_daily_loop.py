@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from benchmarks.harness.checkout import REPO, SCRIPTED, Bench, copy_checkout, wait_for
-from tests.infer_fixtures import Server, live_server, tiny_model  # noqa: F401 (session fixtures, built once)
+from tests.infer_fixtures import ScriptedServer, Server, live_server, tiny_model  # noqa: F401 (session fixtures, built once)
 from tests.prep_fixtures import tiny_tokenizer_dir  # noqa: F401 (a session fixture, built once)
 
 pytestmark = pytest.mark.e2e
@@ -67,7 +67,7 @@ def test_a_relaunch_of_a_succeeded_prep_is_refused_and_a_forced_one_stopped_keep
 
 
 def test_an_inventory_edit_reaches_rerun_failed_through_the_pipelines_runner(
-    bench: Bench, tiny_model: Path, live_server: Server, free_port: int
+    bench: Bench, tiny_model: Path, live_server: Server
 ) -> None:
     """Real prep, infer (against `transformers serve`) and tokenize; extract and train scripted, extract
     refusing any layers but [1, 2, 3]. Each fix of the inventory reaches the rerun that follows it."""
@@ -75,7 +75,9 @@ def test_an_inventory_edit_reaches_rerun_failed_through_the_pipelines_runner(
     plans.mkdir()
     (plans / "B.extract").write_text("records=1 need_layers=1,2,3")
     scripted = {"command": f"{{python}} {SCRIPTED} {plans}"}
-    closed = f"http://127.0.0.1:{free_port}/v1"  # nothing listens there
+    failing = ScriptedServer(lambda body, attempt: (503, {"error": "loading"}))
+    failing.routes["/health"] = {}  # up, so `inv run` starts; it answers no request
+    wrong = failing.url
 
     def inventory(server_url: str, layers: list[int]) -> None:
         bench.inventory({"B": {"source": str(PROMPTS), "kind": "prompts", "sample": str(PROMPTS)}},
@@ -84,16 +86,17 @@ def test_an_inventory_edit_reaches_rerun_failed_through_the_pipelines_runner(
                                    "concurrency": 2, "retries": 0}},
                         target={"tokenizer": str(tiny_model), "model": str(tiny_model)})
 
-    inventory(closed, [0, 1, 2])
+    inventory(wrong, [0, 1, 2])
     bench.inv("deploy")
-    bench.inv("run")
-    failed = bench.wait_state("B/infer", ENDED, timeout=180)
-    assert failed["state"] == "failed" and f"no inference server answers at {closed}" in failed["message"]
+    with failing:
+        bench.inv("run")
+        failed = bench.wait_state("B/infer", ENDED, timeout=180)
+    assert failed["state"] == "failed" and "http 503" in failed["message"], failed["message"]
 
     inventory(live_server.url, [0, 1, 2])  # the server's address fixed
     rerun = bench.inv("rerun", "--failed")
     assert "relaunched pipeline/run" in rerun.stdout and "it runs again: B/infer, B/tokenize, B/extract" in rerun.stdout
-    assert f'B/infer: stages.infer.server_url "{closed}" -> "{live_server.url}"' in rerun.stdout
+    assert f'B/infer: stages.infer.server_url "{wrong}" -> "{live_server.url}"' in rerun.stdout
     assert bench.wait_state("B/extract", ENDED, timeout=240)["state"] == "failed"
     jobs = bench.poll()
     assert (jobs["B/infer"]["state"], jobs["B/tokenize"]["state"]) == ("succeeded", "succeeded")

@@ -3,7 +3,8 @@ run, transitively), the runner ends when nothing can run any more, `inv run --fo
 naming them and the next step, and `inv rerun --failed` starts the failure and then them again. Without
 a terminal, `--follow` prints a line per change of state while the run goes on.
 
-Real parts: the real prep and infer stages (infer against a closed port on loopback), the runner and
+Real parts: the real prep and infer stages (infer against a loopback server that is up but answers
+every request with a 500: one that is down is refused before the run, tests/test_before_the_run.py), the runner and
 the tasks, run as a user types them; the other stages are benchmarks/harness/scripted_stage.py.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.harness.checkout import SAMPLES, SCRIPTED, Bench, copy_checkout, wait_for
+from tests.infer_fixtures import ScriptedServer
 from tests.prep_fixtures import tiny_tokenizer_dir  # noqa: F401 (a session fixture, built once)
 
 pytestmark = pytest.mark.e2e
@@ -36,28 +38,30 @@ def follower(bench: Bench, *args: str) -> subprocess.Popen[str]:
                             env={**os.environ, "COLUMNS": "200"})
 
 
-def test_a_pipeline_whose_infer_cannot_reach_its_server_ends_blocked_and_follow_exits_non_zero(
-        bench: Bench, tiny_tokenizer_dir: Path, free_port: int) -> None:  # noqa: F811
+def test_a_pipeline_whose_infer_fails_every_request_ends_blocked_and_follow_exits_non_zero(
+        bench: Bench, tiny_tokenizer_dir: Path) -> None:  # noqa: F811
     plans = bench.root.parent / "plans"
     plans.mkdir()
     scripted = {"command": f"{{python}} {SCRIPTED} {plans}"}
+    failing = ScriptedServer(lambda body, attempt: (500, {"error": "the server is out of memory"}))
+    failing.routes["/health"] = {}  # up: `inv run` does not refuse it; every answer fails
     bench.inventory(
         {"B5": {"source": str(SAMPLES["prompts"]), "kind": "prompts"},
          "A1": {"source": str(SAMPLES["native"]), "kind": "native"}},
         {"prep": {"max_length": 1024},
-         # No server_command: nothing aerie manages; the port is closed (connections refused at once).
-         "infer": {"server_url": f"http://127.0.0.1:{free_port}/v1", "concurrency": 2, "retries": 0},
+         "infer": {"server_url": failing.url, "concurrency": 2, "retries": 0},
          "extract": {**scripted, "route": "offline"}, "train": scripted},
         target={"tokenizer": str(tiny_tokenizer_dir)})
     bench.inv("deploy")
-    run = follower(bench)
-    bench.wait_state("B5/infer", {"failed"}, timeout=120)
+    with failing:
+        run = follower(bench)
+        bench.wait_state("B5/infer", {"failed"}, timeout=120)
     # Within a minute of the failure, the run has ended and the follower with it.
     out, err = run.communicate(timeout=60)
     assert run.returncode == 1, out + err
 
     jobs = bench.poll()
-    assert jobs["B5/infer"]["state"] == "failed" and "no inference server answers" in jobs["B5/infer"]["message"]
+    assert jobs["B5/infer"]["state"] == "failed" and "http 500" in jobs["B5/infer"]["message"]
     assert (jobs["B5/tokenize"]["state"], jobs["B5/tokenize"]["blocked_by"]) == ("blocked", ["B5/infer"])
     assert (jobs["B5/extract"]["state"], jobs["B5/extract"]["blocked_by"]) == ("blocked", ["B5/tokenize"])
     assert jobs["B5/tokenize"]["message"] == "blocked by B5/infer (failed)"
