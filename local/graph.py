@@ -109,10 +109,10 @@ def server_settings(inventory: Inventory) -> dict[str, Any]:
 def runner_spec(inventory: Inventory, datasets: list[str] | None, route: str) -> dict[str, Any]:
     """The `pipeline/run` job: the runner, with the graph for `route` and the inference server it manages."""
     server = server_settings(inventory)
-    # NOTE: `run` is what the plan was built from: `inv rerun` rebuilds it from the inventory as it is then.
-    run = {"datasets": inventory.select(datasets), "route": route}
+    # NOTE: what the plan was built from: `inv rerun` rebuilds the plan from the inventory as it is then.
+    built_from = {"datasets": inventory.select(datasets), "route": route}
     return {
         "dataset": RUNNER, "stage": RUNNER_STAGE, "command": None, "source": "", "kind": "native", "executor": "process",
         "stall_after": 10 ** 9,  # it beats every tick; waiting on a long job is not a stall
-        "config": {"stage": {"plan": graph(inventory, datasets, route), "server": server, "fresh": True, "run": run}},
+        "config": {"stage": {"plan": graph(inventory, datasets, route), "server": server, "fresh": True, "built_from": built_from}},
     }

@@ -75,7 +75,7 @@ def run(args: dict[str, Any]) -> Any:
     if plan and all(executors.for_spec(node["spec"]).queues for node in plan):
         # NOTE: no runner: the queue keeps the order, its resources keep the GPUs exclusive, and an
         # infer job starts its own server inside its allocation.
-        specs = [node["spec"] | {"after": node["needs"], "order": index, "run": stage.get("run")}
+        specs = [node["spec"] | {"after": node["needs"], "order": index, "built_from": stage.get("built_from")}
                  | ({"server": stage.get("server")} if node["server"] else {})
                  for index, node in enumerate(plan)]
         return {"queued": submit_in_order(root, specs)}
@@ -158,7 +158,7 @@ def rerun(args: dict[str, Any]) -> Any:
 
 def _in_pipeline(root: Path, key: str, planned: set[str]) -> bool:
     """Part of the last `inv run`: its runner, a job of its plan, or a queued job that carries it (Slurm)."""
-    return key in planned or key == layout.RUNNER_KEY or stored_spec(layout.key_dir(root, key)).get("run") is not None
+    return key in planned or key == layout.RUNNER_KEY or "built_from" in stored_spec(layout.key_dir(root, key))
 
 
 def plan_specs(runner: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -186,11 +186,11 @@ def last_run(args: dict[str, Any]) -> dict[str, Any]:
     workstation rebuilds its jobs' specs for `inv rerun`; {} where none is recorded (no pipeline, or one
     started by an older release)."""
     root = Path(args["root"])
-    run = stored_spec(layout.runner_dir(root)).get("config", {}).get("stage", {}).get("run")
+    run = stored_spec(layout.runner_dir(root)).get("config", {}).get("stage", {}).get("built_from")
     if isinstance(run, dict):
         return run
     for directory in jobs.all_job_dirs(root):  # a queued pipeline (Slurm) has no runner: each job says
-        run = stored_spec(directory).get("run")
+        run = stored_spec(directory).get("built_from")
         if isinstance(run, dict):
             return run
     return {}
@@ -219,7 +219,7 @@ def rerun_in_order(root: Path, selected: list[Path], described: dict[str, dict[s
         spec = dict(fresh.get(layout.key_of(directory)) or stored)
         if not spec:
             continue
-        for key in ("after", "order", "run", "server"):
+        for key in ("after", "order", "built_from", "server"):
             if key in stored:
                 spec.setdefault(key, stored[key])
         if "server" in stored and runner:

@@ -58,7 +58,7 @@ def test_the_same_inventory_changes_nothing_and_bookkeeping_is_not_a_setting(tmp
     same = inventory(tmp_path, [2, 30, 58])
     assert named(same, same) == {}
     spec = job_specs.spec(same, "A1", "prep")
-    assert spec_changes.changes(spec | {"after": ["x"], "order": 3, "run": {}}, spec) == []
+    assert spec_changes.changes(spec | {"after": ["x"], "order": 3, "built_from": {}}, spec) == []
 
 
 @pytest.mark.parametrize(("path", "name"), [

@@ -28,9 +28,10 @@ def bench(tmp_path: Path, slurm: SlurmCluster) -> Bench:
 
 
 def slurm_inventory(bench: Bench, slurm: SlurmCluster, datasets: dict[str, str], plans: Path | None = None,
-                    kinds: dict[str, str] | None = None, login: SshServer | None = None) -> None:
+                    kinds: dict[str, str] | None = None, login: SshServer | None = None,
+                    layers: list[int] | None = None) -> None:
     """`datasets` maps a name to the scripted stage's plan (or, with `plans`, to nothing);
-    `login`: reach the login node over SSH instead of running its commands here."""
+    `login`: reach the login node over SSH instead of running its commands here; `layers`: stages.extract's."""
     command = f"{{python}} {SCRIPTED}" + (f" {plans}" if plans else "")
     host = {"root": str(bench.root), "python": bench.python, "env": slurm.env}
     if login is not None:
@@ -40,7 +41,8 @@ def slurm_inventory(bench: Bench, slurm: SlurmCluster, datasets: dict[str, str],
         "backend": "slurm",
         "host": host,
         "slurm": {"partition": slurm.partition, "time": "5"},
-        "stages": {stage: {"command": command} for stage in ("prep", "infer", "extract", "train")},
+        "stages": {stage: {"command": command} | ({"layers": layers} if layers and stage == "extract" else {})
+                   for stage in ("prep", "infer", "extract", "train")},
         "datasets": {name: {"source": plan, "kind": (kinds or {}).get(name, "native"),
                             "sample": str(SAMPLES[(kinds or {}).get(name, "native")])}
                      for name, plan in datasets.items()},
@@ -128,9 +130,8 @@ def test_a_pipeline_on_slurm_runs_by_dependencies_and_resumes_after_a_failure(be
                                                                               tmp_path: Path) -> None:
     plans = tmp_path / "plans"
     plans.mkdir()
-    fixed = tmp_path / "fixed"
-    (plans / "A.extract").write_text(f"records=1 exit=2 unless={fixed}")
-    slurm_inventory(bench, slurm, {"A": "", "B": ""}, plans=plans, kinds={"B": "prompts"})
+    (plans / "A.extract").write_text("records=1 need_layers=1,2,3")  # B's extract takes any layers
+    slurm_inventory(bench, slurm, {"A": "", "B": ""}, plans=plans, kinds={"B": "prompts"}, layers=[0, 1, 2])
     bench.inv("deploy")
     submitted = bench.inv("run", "--follow", check=False, timeout=180)  # ends when all ended or stuck
     assert submitted.returncode == 1  # A/extract failed
@@ -144,9 +145,10 @@ def test_a_pipeline_on_slurm_runs_by_dependencies_and_resumes_after_a_failure(be
     seen = {p.stem: json.loads(p.read_text()) for p in (plans / "trace").glob("*.json")}
     assert seen["B.infer"]["end"] <= seen["B.tokenize"]["start"] <= seen["B.tokenize"]["end"] <= seen["B.extract"]["start"]
 
-    fixed.write_text("")
-    rerun = bench.inv("rerun", "--failed")
+    slurm_inventory(bench, slurm, {"A": "", "B": ""}, plans=plans, kinds={"B": "prompts"}, layers=[1, 2, 3])
+    rerun = bench.inv("rerun", "--failed")  # the inventory's fix reaches the resubmitted jobs
     assert "relaunched A/extract" in rerun.stdout and "relaunched draft/train" in rerun.stdout
+    assert "A/extract: stages.extract.layers [0, 1, 2] -> [1, 2, 3]" in rerun.stdout
 
     jobs = settle(bench, keys | {"draft/train"}, timeout=120)
     assert all(job["state"] == "succeeded" for job in jobs.values()), {k: j["state"] for k, j in jobs.items()}

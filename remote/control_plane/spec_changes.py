@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 #: Keys the host adds to a queued spec for its own bookkeeping (its place in the queue, the pipeline
 #: it belongs to, the server it starts, which repeats the infer stage's settings): not settings.
-BOOKKEEPING = frozenset({"after", "order", "run", "server"})
+BOOKKEEPING = frozenset({"after", "order", "built_from", "server"})
 #: A rerun says at most this many changes per job (a whole new target would list every key).
 LIMIT = 20
 
