@@ -162,7 +162,7 @@ def check(host: RemoteHost, console: Console) -> list[dict[str, Any]]:
     results = host.call("check", layers=inventory.stages.extract.layers, dtype=inventory.stages.extract.dtype,
                         datasets=list(inventory.datasets),
                         model=job_specs.on_host(inventory.target.model_dump(), host.root)["model"],
-                        server_url=inventory.stages.infer.server_url)
+                        server_url=inventory.stages.infer.server_url, extract_engine=inventory.stages.extract.engine)
     from rich.table import Table
     from rich.text import Text
 

@@ -170,9 +170,34 @@ def plan(args: dict[str, Any]) -> dict[str, Any]:
                   largest_record_bytes=largest, route=route, chunks=chunks)
     result["throughput"] = throughput(root)
     result["costs"] = costs(result, args)
+    result["extract_engines"] = extract_engines(root, args, tokens)
     if result["unknown"]:
         result["reason"] = f"tokens unknown for {', '.join(result['unknown'])}: run prep, or give a sample and `rows`"
     return result
+
+
+def extract_engines(root: Path, args: dict[str, Any], tokens: int) -> dict[str, Any]:
+    """Per extract engine, what the target needs and what this host's GPUs hold (`remote.eagle3.target_memory`),
+    with the hours at the rate the last extract measured (its manifest names the engine; older ones ran hf)."""
+    from remote.eagle3 import target_memory
+
+    rate = throughput(root).get("extract_tokens_per_s")
+    manifests = sorted(layout.data_root(root).glob("*/extract/manifest.json"), key=lambda p: p.stat().st_mtime)
+    engine = (read_manifest(manifests[-1]).get("engine") or "hf") if manifests else None
+    # NOTE: no extract_engine in the request (an older workstation): sized, and nothing refused on it
+    return target_memory.per_engine(args.get("model"), args["dtype"], args.get("extract_engine"), tokens,
+                                    {"engine": engine, "tokens_per_s": rate})
+
+
+def engine_refusal(result: dict[str, Any]) -> str | None:
+    """Why the configured extract engine cannot hold the target on this host (one line), or None."""
+    engines = result.get("extract_engines") or {}
+    configured = (engines.get("engines") or {}).get(engines.get("configured"))
+    route = result["configured_route"] if result.get("configured_route") != "auto" else result.get("route")
+    if not configured or route == "online":  # the online route extracts nothing
+        return None
+    # NOTE: without nvidia-smi the sglang engine is not sized: its CPU stand-in (the tests') runs there
+    return configured["refusal"] if engines["configured"] == "hf" or engines.get("gpus") else None
 
 
 def costs(result: dict[str, Any], args: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -37,7 +37,8 @@ from remote.eagle3.extractor import decoder_of, extract, load_target
 from remote.eagle3 import layer_ids
 from remote.eagle3.prep_input import read_manifest, read_records
 from remote.eagle3.shards import ShardStore
-from remote.eagle3.target import TargetShape, best_device, read_shape, target_settings
+from remote.eagle3 import target_memory
+from remote.eagle3.target import TargetShape, best_device, gpu_memory, read_shape, target_settings
 from remote.control_plane.progress import Progress, write_json_atomic
 from remote import stages
 from remote.stages import StageContext
@@ -136,8 +137,11 @@ def run(ctx: StageContext, progress: Progress, model: Any = None) -> dict[str, A
 
 
 def load(checked: ExtractPlan, device: str, progress: Progress) -> Any:
-    """The target `checked` names, loaded on `device` (for Kimi-K2.5, ~600 GB of weights read)."""
-    progress.note(f"loading {checked.shape.path.name} on {device}")
+    """The target `checked` names, loaded on `device` (for Kimi-K2.5, ~600 GB of weights read) once its
+    headers show it fits there (`remote.eagle3.target_memory`: else one line naming the engine that does)."""
+    sizes = target_memory.require(checked.shape.path, checked.dtype, "hf", gpu_memory(), target_memory.host_memory())["hf"]
+    progress.note(f"loading {checked.shape.path.name} on {device}: {target_memory.decimal(sizes['need_bytes'])} in "
+                  f"{sizes['in']}, {sizes['holds']} hold {target_memory.decimal(sizes['capacity_bytes'])}")
     return load_target(checked.shape.path, checked.dtype, checked.trust_remote_code, device)
 
 
