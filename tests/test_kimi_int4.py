@@ -16,6 +16,8 @@ from remote.eagle3.shards import ShardStore, load_sample
 from tests.pipeline_fixtures import TINY_LAYERS, make_records, run_stage, stage_env, write_prep
 from tests.tiny_kimi import build_kimi_int4_model, reference_model
 
+pytestmark = pytest.mark.e2e  # each test builds or loads a real model, most run the extract stage
+
 VOCAB = 128
 RECORDS = 5
 

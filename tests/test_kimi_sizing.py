@@ -41,6 +41,7 @@ def eight_h200(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return bin_dir
 
 
+@pytest.mark.e2e  # the 64 headers take seconds to write and read
 def test_the_headers_count_the_parameters_transformers_builds_for_kimi_k25(kimi_k25: Path) -> None:
     """The HF engine's count from the headers (INT4 experts as the dense weights they become) is the parameter
     count of transformers' own DeepseekV3 built from the same text config on the meta device (its state dict:
@@ -61,6 +62,7 @@ def test_the_headers_count_the_parameters_transformers_builds_for_kimi_k25(kimi_
     assert 1.02e12 < params < 1.03e12 and 0.985 < quantized / params < 0.99  # the routed experts: 98.9 %
 
 
+@pytest.mark.e2e  # the 64 headers take seconds to write and read
 def test_on_eight_h200_the_hf_engine_does_not_fit_and_sglang_does(kimi_k25: Path) -> None:
     sizes = target_memory.engines(kimi_k25, "bfloat16", [H200_MIB * 2**20] * 8, host_bytes=0)
 
@@ -73,6 +75,7 @@ def test_on_eight_h200_the_hf_engine_does_not_fit_and_sglang_does(kimi_k25: Path
     assert target_memory.refusal(sizes, "sglang") is None
 
 
+@pytest.mark.e2e  # the 64 headers take seconds to write and read
 def test_sglang_is_refused_on_gpus_too_small_for_its_share(kimi_k25: Path) -> None:
     sizes = target_memory.engines(kimi_k25, "bfloat16", [80 * 2**30] * 4, host_bytes=0)  # 4 x 80 GiB: 149 GB a GPU
 
@@ -82,6 +85,7 @@ def test_sglang_is_refused_on_gpus_too_small_for_its_share(kimi_k25: Path) -> No
     assert line.endswith("no engine fits this host")
 
 
+@pytest.mark.e2e  # the 64 headers take seconds to write and read
 def test_extract_with_the_hf_engine_refuses_kimi_k25_here_in_one_line_before_reading_a_weight(
         kimi_k25: Path, tmp_path: Path) -> None:
     write_prep(tmp_path / "data" / "A1", make_records(3, TEXT_CONFIG["vocab_size"]))
@@ -101,6 +105,7 @@ def test_extract_with_the_hf_engine_refuses_kimi_k25_here_in_one_line_before_rea
     print(f"refused in {seconds:.1f} s")  # the figure for docs/hidden-states.md; never asserted
 
 
+@pytest.mark.e2e  # the 64 headers take seconds to write and read
 def test_the_plan_on_eight_h200_says_which_engine_fits_and_which_does_not(kimi_k25: Path, tmp_path: Path, eight_h200: Path) -> None:
     request = {"root": str(tmp_path), "model": str(kimi_k25), "layers": [2, 30, 58], "dtype": "bfloat16",
                "datasets": [], "engine": "aerie", "route": "offline", "extract_engine": "hf"}
@@ -115,6 +120,7 @@ def test_the_plan_on_eight_h200_says_which_engine_fits_and_which_does_not(kimi_k
     assert engines["engines"]["sglang"]["rate_basis"] == "stated (estimate)"
 
 
+@pytest.mark.e2e  # the 64 headers take seconds to write and read
 def test_the_check_fails_the_configured_engine_that_cannot_hold_the_target_and_warns_of_the_other(
         kimi_k25: Path, eight_h200: Path) -> None:
     from remote import preflight
@@ -134,3 +140,29 @@ def test_a_truncated_safetensors_header_is_one_line_naming_the_file(tmp_path: Pa
 
     with pytest.raises(StageInputError, match=r"model\.safetensors is not a readable safetensors file"):
         read_tensors(tmp_path)
+
+
+@pytest.mark.e2e  # the 64 headers take seconds to write and read
+def test_inv_plan_shows_each_engine_against_the_gpus_and_inv_run_refuses_hf_before_any_job(
+        kimi_k25: Path, tmp_path: Path, eight_h200: Path) -> None:
+    from benchmarks.harness.checkout import SAMPLES, Bench, copy_checkout
+    from remote.demo.tiny_tokenizer import build_tokenizer
+
+    bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local")
+    build_tokenizer(tmp_path / "tokenizer")
+    datasets = {"A1": {"source": "nebius/DeepSWE-Kimi-trajectories", "kind": "native", "rows": 1000,
+                       "sample": str(SAMPLES["native"])}}
+    bench.inventory(datasets, {"extract": {"engine": "hf", "route": "offline", "disk_budget": "100T"}},
+                    target={"model": str(kimi_k25), "tokenizer": str(tmp_path / "tokenizer")})
+    bench.inv("deploy", timeout=300)
+
+    shown = " ".join(bench.inv("plan", timeout=300).stdout.split())
+    assert "extract engines on 8 GPUs, 1.21 TB (nvidia-smi); stages.extract.engine: hf" in shown
+    assert re.search(r"hf │ 2\.05 TB \(bfloat16 once its INT4 experts are dequantized\) │ 1\.21 TB \(the 8 GPUs\) │ no", shown), shown
+    assert re.search(r"sglang │ 85\.1 GB per GPU .* │ 151 GB per GPU \(the 8 GPUs\) │ yes │ [\d.,]+ h at 10,000 tok/s stated", shown), shown
+
+    refused = bench.inv("run", check=False, timeout=300)
+    assert refused.returncode == 2
+    line = refused.stderr.strip()
+    assert len(line.splitlines()) == 1 and line.endswith("the 8 GPUs hold 1.21 TB: use stages.extract.engine: sglang"), line
+    assert not (bench.root / "jobs" / "pipeline").exists()  # nothing started

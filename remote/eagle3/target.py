@@ -136,11 +136,3 @@ def best_device() -> str:
 
     return "cuda" if torch.cuda.is_available() else "cpu"
 
-
-def gpu_memory() -> list[int]:
-    """Each visible GPU's memory in bytes, as the extract process sees them (none on a CPU host)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return []
-    return [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]

@@ -141,12 +141,17 @@ def decimal(value: float) -> str:
     return f"{value:.0f} B"
 
 
-def nvidia_smi_gpus() -> list[int]:
-    """Each GPU's memory in bytes as ``nvidia-smi`` reports it (none without it): what `inv plan` and `inv check`
-    size against, on the host, without importing torch."""
+def nvidia_smi_gpus(visible: str | None = None) -> list[int]:
+    """Each GPU's memory in bytes as ``nvidia-smi`` reports it, without importing torch (none without it: as
+    `inv check` says, no NVIDIA GPU). `visible`: a ``CUDA_VISIBLE_DEVICES`` value (indices or UUIDs) that
+    narrows them to the extract process's."""
     from remote.control_plane import gpus
 
-    return [int(gpu["memory_total"] * 2**20) for gpu in gpus.Query().read() if gpu.get("memory_total")]
+    board = gpus.Query().read()
+    if visible is not None:
+        wanted = [v.strip() for v in visible.split(",") if v.strip()]
+        board = [g for g in board if str(g["index"]) in wanted or g["uuid"] in wanted]
+    return [int(gpu["memory_total"] * 2**20) for gpu in board if gpu.get("memory_total")]
 
 
 def per_engine(model: str | None, dtype: str, configured: str | None, tokens: int, measured: dict[str, Any]) -> dict[str, Any]:
