@@ -166,3 +166,28 @@ def test_inv_plan_shows_each_engine_against_the_gpus_and_inv_run_refuses_hf_befo
     line = refused.stderr.strip()
     assert len(line.splitlines()) == 1 and line.endswith("the 8 GPUs hold 1.21 TB: use stages.extract.engine: sglang"), line
     assert not (bench.root / "jobs" / "pipeline").exists()  # nothing started
+
+
+def test_the_extract_job_sizes_against_the_gpus_cuda_visible_devices_leaves_it(eight_h200: Path) -> None:
+    assert len(target_memory.nvidia_smi_gpus()) == 8
+    assert target_memory.nvidia_smi_gpus("0,3") == [H200_MIB * 2**20] * 2
+    assert target_memory.nvidia_smi_gpus("GPU-5") == [H200_MIB * 2**20]
+    assert target_memory.nvidia_smi_gpus("") == []
+
+
+def test_a_dense_weight_or_a_lost_scale_breaks_a_packed_module_s_set() -> None:
+    from remote.eagle3.target_tensors import Tensor, unpaired_quantized
+    from tests.tiny_kimi import QUANTIZATION_CONFIG
+
+    def packed(module: str, *leaves: str) -> list[Tensor]:
+        return [Tensor(f"{module}.{leaf}", "I32", (4, 4), 64) for leaf in leaves]
+
+    whole = packed("m.experts.0.up_proj", "weight_packed", "weight_scale", "weight_shape")
+    dense = packed("m.experts.1.up_proj", "weight", "weight_packed", "weight_scale", "weight_shape")
+    lost = packed("m.experts.2.up_proj", "weight_packed", "weight_shape")
+    plain = packed("m.self_attn.o_proj", "weight")
+
+    assert unpaired_quantized(whole + plain, QUANTIZATION_CONFIG) == []
+    assert unpaired_quantized(whole + dense + lost + plain, QUANTIZATION_CONFIG) == [
+        "m.experts.1.up_proj.weight", "m.experts.2.up_proj.weight_scale (missing)"]
+    assert unpaired_quantized(dense, None) == []  # not pack-quantized: transformers' own report decides

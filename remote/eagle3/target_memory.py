@@ -25,7 +25,8 @@ from remote.eagle3 import StageInputError
 from remote.eagle3.target import LANGUAGE_PREFIX, quantization_config
 from remote.eagle3.target_tensors import COMPRESSED_NAMES, PACKED, Tensor, read_tensors
 
-RUN_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+#: Bytes per value of each dtype extract runs in: the target's weights here, the stored states in `remote.sizing`.
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 #: Per GPU, what SGLang keeps beside the weights and the KV cache (its memory_hook's floor on big GPUs).
 SGLANG_RESERVED = 10 * 2**30
 #: Prefill tokens per second of each engine where no run on the host measured it: an estimate, stated
@@ -81,18 +82,18 @@ def engines(path: Path, dtype: str, gpu_bytes: list[int], host_bytes: int) -> di
     params, quantized = hf_parameters(tensors, quantization, wrapper=any(t.name.startswith(LANGUAGE_PREFIX) for t in tensors))
     stored = sum(t.nbytes for t in tensors)
     count = len(gpu_bytes)
-    hf_need = params * RUN_BYTES[dtype]
+    hf_need = params * DTYPE_BYTES[dtype]
     hf_capacity = sum(gpu_bytes) if gpu_bytes else host_bytes
     per_gpu = -(-stored // count) + SGLANG_RESERVED if count else stored + SGLANG_RESERVED
     return {
         "hf": {"need_bytes": hf_need, "capacity_bytes": hf_capacity, "fits": hf_need <= hf_capacity,
-               "holds": f"the {count} GPUs" if count else "this host's RAM (no GPU)",
+               "holds": _gpus(count) if count else "this host's RAM (no GPU)",
                "in": f"{dtype}" + (f" once its INT{bits(quantization)} experts are dequantized" if quantized else ""),
                "params": params, "quantized_params": quantized},
         "sglang": {"need_bytes": per_gpu * count if count else per_gpu, "capacity_bytes": sum(gpu_bytes),
                    "per_gpu_need_bytes": per_gpu, "per_gpu_bytes": min(gpu_bytes) if gpu_bytes else 0,
                    "fits": bool(count) and per_gpu <= min(gpu_bytes), "stored_bytes": stored,
-                   "holds": f"the {count} GPUs" if count else "no GPU", "in": "as stored, tensor-parallel over every GPU",
+                   "holds": _gpus(count) if count else "no GPU", "in": "as stored, tensor-parallel over every GPU",
                    "params": params, "quantized_params": quantized},
     }
 
@@ -109,8 +110,7 @@ def refusal(sizes: dict[str, dict[str, Any]], engine: str) -> str | None:
                 f"each of {mine['holds']} (its share plus {decimal(SGLANG_RESERVED)} reserved), they hold "
                 f"{decimal(mine['per_gpu_bytes'])} each")
     else:
-        verb = "holds" if "RAM" in mine["holds"] else "hold"
-        line = f"target {decimal(mine['need_bytes'])} in {mine['in']}; {mine['holds']} {verb} {decimal(mine['capacity_bytes'])}"
+        line = f"target {decimal(mine['need_bytes'])} in {mine['in']}; {holds(mine)}"
     others = [e for e in ENGINES if e != engine]
     fitting = [e for e in others if sizes[e]["fits"]]
     if fitting:
@@ -132,12 +132,22 @@ def require(path: Path, dtype: str, engine: str, gpu_bytes: list[int], host_byte
     return sizes
 
 
+def holds(size: dict[str, Any]) -> str:
+    """"the 8 GPUs hold 1.21 TB", "this host's RAM (no GPU) holds 21 GB"."""
+    verb = "hold" if size["holds"].endswith("GPUs") else "holds"
+    return f"{size['holds']} {verb} {decimal(size['capacity_bytes'])}"
+
+
+def _gpus(count: int) -> str:
+    return "the GPU" if count == 1 else f"the {count} GPUs"
+
+
 def decimal(value: float) -> str:
     """Bytes in decimal units with three significant figures: 594 GB, 2.05 TB."""
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if value >= scale:
             number = value / scale
-            return f"{number:.3g} {unit}" if number < 1000 else f"{number:,.0f} {unit}"
+            return f"{number:.3g} {unit}" if number < 999.5 else f"{number:,.0f} {unit}"
     return f"{value:.0f} B"
 
 

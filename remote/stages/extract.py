@@ -145,7 +145,7 @@ def load(checked: ExtractPlan, device: str | None, progress: Progress) -> Any:
     sizes = target_memory.require(checked.shape.path, checked.dtype, "hf", gpus, target_memory.host_memory())["hf"]
     device = device or best_device()
     progress.note(f"loading {checked.shape.path.name} on {device}: {target_memory.decimal(sizes['need_bytes'])} in "
-                  f"{sizes['in']}, {sizes['holds']} hold {target_memory.decimal(sizes['capacity_bytes'])}")
+                  f"{sizes['in']}; {target_memory.holds(sizes)}")
     return load_target(checked.shape.path, checked.dtype, checked.trust_remote_code, device)
 
 
