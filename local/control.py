@@ -270,7 +270,8 @@ def check(host: RemoteHost, console: Console, install: bool = False) -> list[dic
                              datasets=list(inventory.datasets),
                              model=job_specs.on_host(inventory.target.model_dump(), host.root)["model"],
                              server_url=inventory.stages.infer.server_url,
-                             readiness=planning.readiness(inventory, host.root))
+                             readiness=planning.readiness(inventory, host.root),
+                             extract_engine=inventory.stages.extract.engine)
     from rich.table import Table
     from rich.text import Text
 

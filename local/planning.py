@@ -20,7 +20,8 @@ from local.exceptions import AerieError
 from local.host import RemoteHost
 from local.visible import visible_all
 from local.inventory import Inventory
-from remote.sizing import size_text, refusal
+from remote.eagle3.target_memory import decimal
+from remote.sizing import engine_refusal, size_text, refusal
 
 
 def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]] | None = None,
@@ -30,7 +31,7 @@ def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]
         "root": root, "readiness": readiness(inventory, root, names),
         "model": job_specs.on_host(inventory.target.model_dump(), root)["model"],
         "layers": extract.layers, "dtype": extract.dtype, "disk_budget": extract.disk_budget,
-        "route": extract.route, "engine": train.engine, "max_length": prep.max_length,
+        "route": extract.route, "engine": train.engine, "extract_engine": extract.engine, "max_length": prep.max_length,
         "epochs": train.epochs, "passes": extract.passes or train.epochs, "resident": extract.command is None,
         "datasets": [
             {"dataset": name, "source": d.source, "kind": d.kind, "rows": d.rows, "limit": d.limit,
@@ -98,11 +99,13 @@ def show(host: RemoteHost, console: Console, as_json: bool = False) -> dict[str,
         console.print(f"route that fits: [bold]{result['route']}[/]{chunks} (configured: {result['configured_route']})")
     if result.get("costs"):
         console.print(costs_table(result))
+    if result.get("extract_engines"):
+        console.print(engines_table(result["extract_engines"]))
     if result.get("reason"):
         console.print(f"[yellow]note:[/] {escape(result['reason'])}")
-    why = refusal(result)
-    if why:
-        console.print(f"[bold red]{escape(why)}[/]")
+    for why in (refusal(result), engine_refusal(result)):
+        if why:
+            console.print(f"[bold red]{escape(why)}[/]")
     for problem in result.get("refusals", []):  # what `inv run` refuses to start on
         console.print(f"[bold red]cannot run: {escape(problem)}[/]")
     return result
@@ -124,13 +127,34 @@ def costs_table(result: dict[str, Any]) -> Table:
     return table
 
 
+def engines_table(engines: dict[str, Any]) -> Table | str:
+    """Per extract engine: what the target needs there, what this host's GPUs (nvidia-smi) hold, whether it fits,
+    and the hours at a measured or stated rate."""
+    if engines.get("error"):
+        return f"[yellow]extract engines not sized:[/] {escape(engines['error'])}"
+    gpus = engines.get("gpus") or []
+    where = f"{len(gpus)} GPUs, {decimal(sum(gpus))} (nvidia-smi)" if gpus else "no GPU (nvidia-smi not found): the host's RAM"
+    table = Table(title=f"extract engines on {where}; stages.extract.engine: {escape(str(engines['configured']))}", title_justify="left")
+    for header in ("engine", "the target needs", "holds", "fits", "time"):
+        table.add_column(header, justify="left" if header in ("engine", "holds") else "right")
+    for name, size in engines["engines"].items():
+        need = f"{decimal(size['need_bytes'])} ({escape(size['in'])})"
+        if name == "sglang" and gpus:
+            need = f"{decimal(size['per_gpu_need_bytes'])} per GPU ({decimal(size['stored_bytes'])} as stored / {len(gpus)} + reserve)"
+        holds = f"{decimal(size['per_gpu_bytes'])} per GPU" if name == "sglang" and gpus else decimal(size["capacity_bytes"])
+        hours = "unknown" if size["hours"] is None else f"{size['hours']:,.1f} h at {size['tokens_per_s']:,.0f} tok/s {size['rate_basis']}"
+        table.add_row(name, need, f"{holds} ({escape(size['holds'])})", "yes" if size["fits"] else "[red]no[/]", hours)
+    return table
+
+
 def require(host: RemoteHost, names: list[str] | None = None) -> dict[str, Any]:
     """Before `inv run`: the plan, or an `AerieError` naming the numbers when the configured route cannot fit,
-    or what `remote/readiness.py` found wrong (a layer id, the target, the inference server)."""
+    the configured extract engine cannot hold the target, or what `remote/readiness.py` found wrong (a layer id,
+    the target, the inference server)."""
     result = ask(host, names)
     if result.get("refusals"):
         raise AerieError(f"{host.name}: nothing was started: " + "; ".join(result["refusals"]))
-    why = refusal(result)
+    why = refusal(result) or engine_refusal(result)
     if why:
         raise AerieError(f"{host.name}: {why}")
     return result

@@ -15,7 +15,7 @@ from typing import Any
 
 from remote import sizing
 from remote.control_plane import inference_server, layout
-from remote.eagle3 import server_check
+from remote.eagle3 import server_check, target_memory
 
 # NOTE: tiktoken is what Kimi-K2.5's own tokenizer (trust_remote_code) is built on.
 PACKAGES = ("datasets", "transformers", "tokenizers", "tiktoken", "torch", "pyarrow", "safetensors")
@@ -67,6 +67,23 @@ def disk(root: Path, datasets: list[str], layers: list[int], model: str | None, 
     return check("disk", free > need, detail + ("" if free > need else "; `inv plan` shows the route that fits"), True)
 
 
+def extract_engines(model: str | None, dtype: str, configured: str | None) -> list[dict[str, Any]]:
+    """Per extract engine: the bytes the target needs there against this host's GPUs (`inv plan` sizes it the
+    same way); the configured engine fails when it cannot hold the target, the other only warns."""
+    sized = target_memory.per_engine(model, dtype, configured, 0, {})
+    if sized.get("error"):
+        return [check("extract engines", False, f"not sized: {sized['error']}", True)]
+    results = []
+    for name, size in sized["engines"].items():
+        need = (f"{target_memory.decimal(size['per_gpu_need_bytes'])} on each GPU ({target_memory.decimal(size['stored_bytes'])} "
+                "as stored)" if name == "sglang" else f"{target_memory.decimal(size['need_bytes'])} in {size['in']}")
+        detail = size["refusal"] or f"needs {need}; {size['holds']}: {target_memory.decimal(size['capacity_bytes'])}"
+        label = f"extract engine {name}" + (" (configured)" if name == configured else "")
+        # NOTE: sglang unsized for want of nvidia-smi only warns: its CPU stand-in (the tests') runs there
+        results.append(check(label, size["fits"], detail, warn_only=name != configured or not sized["gpus"] and name == "sglang"))
+    return results
+
+
 def served_draft(url: str, layers: list[int]) -> dict[str, Any]:
     try:
         info = server_check.server_info(url)
@@ -85,4 +102,5 @@ def run(args: dict[str, Any]) -> list[dict[str, Any]]:
         gpus(),
         disk(Path(args["root"]), args["datasets"], layers, args.get("model"), args["dtype"]),
         served_draft(args["server_url"], layers),
+        *extract_engines(args.get("model"), args["dtype"], args.get("extract_engine")),
     ]

@@ -9,6 +9,10 @@ bfloat16), so 88,000 records of 2-4k tokens are 10-20 TB. The routes:
   (`remote.orchestration.chunked`); fits while the largest record fits the budget;
 - ``online``: SpecForge trains with the target running alongside; nothing on disk.
 
+Per extract engine, `extract_engines` says what the target needs in memory there against this host's
+GPUs (`remote.eagle3.target_memory`, from the checkpoint's headers), and `engine_refusal` stops `inv
+run` when the configured engine cannot hold it.
+
 Per route, `costs` says what it asks of the target -- its loads and the
 tokens its forward passes read (tokens x passes) -- and the hours that takes
 where a previous run on the host measured the throughput (`throughput`).
@@ -31,8 +35,9 @@ from typing import Any
 
 from remote.control_plane import layout
 from remote.control_plane.states import DRAFT
+from remote.eagle3 import target_memory
+from remote.eagle3.target_memory import DTYPE_BYTES
 
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
 #: What a stored record costs beyond its states: int64 ids and mask per token, and the file's own framing.
 ID_BYTES_PER_TOKEN = 16
@@ -178,9 +183,32 @@ def plan(args: dict[str, Any]) -> dict[str, Any]:
                   largest_record_bytes=largest, route=route, chunks=chunks)
     result["throughput"] = throughput(root)
     result["costs"] = costs(result, args)
+    result["extract_engines"] = extract_engines(root, args, tokens)
     if result["unknown"]:
         result["reason"] = f"tokens unknown for {', '.join(result['unknown'])}: run prep, or give a sample and `rows`"
     return result
+
+
+def extract_engines(root: Path, args: dict[str, Any], tokens: int) -> dict[str, Any]:
+    """Per extract engine, what the target needs and what this host's GPUs hold (`remote.eagle3.target_memory`),
+    with the hours at the rate the last extract measured (its manifest names the engine; older ones ran hf)."""
+    rate = throughput(root).get("extract_tokens_per_s")
+    manifests = sorted(layout.data_root(root).glob("*/extract/manifest.json"), key=lambda p: p.stat().st_mtime)
+    engine = (read_manifest(manifests[-1]).get("engine") or "hf") if manifests else None
+    # NOTE: no extract_engine in the request (an older workstation): sized, and nothing refused on it
+    return target_memory.per_engine(args.get("model"), args["dtype"], args.get("extract_engine"), tokens,
+                                    {"engine": engine, "tokens_per_s": rate})
+
+
+def engine_refusal(result: dict[str, Any]) -> str | None:
+    """Why the configured extract engine cannot hold the target on this host (one line), or None."""
+    engines = result.get("extract_engines") or {}
+    configured = (engines.get("engines") or {}).get(engines.get("configured"))
+    route = result["configured_route"] if result.get("configured_route") != "auto" else result.get("route")
+    if not configured or route == "online":  # the online route extracts nothing
+        return None
+    # NOTE: without nvidia-smi the sglang engine is not sized: its CPU stand-in (the tests') runs there
+    return configured["refusal"] if engines["configured"] == "hf" or engines.get("gpus") else None
 
 
 def costs(result: dict[str, Any], args: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -25,29 +25,37 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from remote.eagle3 import StageInputError
+from remote.eagle3 import StageInputError, load_report
 from remote.eagle3.prep_input import Record
 from remote.eagle3.shards import ShardStore
-from remote.eagle3.target import LANGUAGE_PREFIX
+from remote.eagle3.target import LANGUAGE_PREFIX, quantization_config
 from remote.control_plane.progress import Progress
 
 DTYPES = ("bfloat16", "float16", "float32")
 
 
 def load_target(path: Any, dtype: str, trust_remote_code: bool, device: str):
-    """The target's language model in eval mode on `device` (spread over every GPU when there are several)."""
+    """The target's language model in eval mode on `device` (spread over every GPU when there are several),
+    refused unless every parameter came from the checkpoint and every tensor of it was used
+    (`remote.eagle3.load_report`), its parameters in `dtype`."""
     import torch
     from transformers import AutoModelForCausalLM
 
     kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype), "trust_remote_code": trust_remote_code}
     if device == "cuda" and torch.cuda.device_count() > 1:
         kwargs["device_map"] = "auto"
+    load_report.check_checkpoint(Path(path), quantization_config(Path(path)))
     text = language_config(Path(path))
     if text is not None:
         # NOTE: the wrapper's weights are `language_model.<causal LM name>`; the
         # mapping strips the prefix and the vision weights are left unread.
         kwargs.update(config=text, key_mapping={rf"^{re.escape(LANGUAGE_PREFIX)}": ""})
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+    # NOTE: a tensor of the wrong shape (a fused expert stack short of one) is reported, not raised: the
+    # report names it with everything else that did not load, in one line.
+    model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+    load_report.check_complete(info, path, wrapper=text is not None)
+    load_report.to_dtype(model, dtype)
+    model = model.eval()
     if "device_map" not in kwargs:
         model = model.to(device)
     return model
@@ -58,7 +66,10 @@ def language_config(path: Path):
 
     Kimi's text ``model_type`` (``kimi_k2``) is not one transformers knows; its
     shape is DeepseekV3's (MLA + MoE), so an unknown type with MLA's
-    ``kv_lora_rank`` is read as ``deepseek_v3``.
+    ``kv_lora_rank`` is read as ``deepseek_v3``. A ``quantization_config`` at the
+    wrapper's top level applies to the language model too, as vLLM's
+    ``KimiK25Config`` has it (the text config's own wins when both are given):
+    transformers reads it only from the config it builds the model from.
     """
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -68,6 +79,9 @@ def language_config(path: Path):
     if not isinstance(text, dict):
         return None
     values = {k: v for k, v in text.items() if k != "model_type"}
+    quantization = quantization_config(path)
+    if quantization is not None:
+        values["quantization_config"] = quantization
     model_type = text.get("model_type", "")
     if model_type not in CONFIG_MAPPING:
         if "kv_lora_rank" not in text:

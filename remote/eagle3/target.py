@@ -64,6 +64,16 @@ def read_config(path: Path) -> dict[str, Any]:
     return {**text, "tie_word_embeddings": config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))}
 
 
+def quantization_config(path: Path) -> dict[str, Any] | None:
+    """The checkpoint's quantization config: the text config's, else the wrapper's top-level one -- both
+    placements mean the language model's weights (vLLM's ``KimiK25Config`` propagates the one inside
+    ``text_config`` up; transformers reads only the config it builds the model from)."""
+    config = json.loads((path / "config.json").read_text())
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    found = text.get("quantization_config") or config.get("quantization_config")
+    return found if isinstance(found, dict) else None
+
+
 def read_shape(path: Path) -> TargetShape:
     """The target's shape, from its config alone (no weights)."""
     text = read_config(path)
@@ -125,3 +135,4 @@ def best_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+

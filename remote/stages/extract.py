@@ -26,6 +26,7 @@ keeps the complete shards and redoes a torn one.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from remote.eagle3.extractor import decoder_of, extract, load_target
 from remote.eagle3 import layer_ids
 from remote.eagle3.prep_input import read_manifest, read_records
 from remote.eagle3.shards import ShardStore
+from remote.eagle3 import target_memory
 from remote.eagle3.target import TargetShape, best_device, read_shape, target_settings
 from remote.control_plane.progress import Progress, write_json_atomic
 from remote import stages
@@ -98,9 +100,9 @@ def run(ctx: StageContext, progress: Progress, model: Any = None) -> dict[str, A
     torn = store.remove_torn()
     if torn:
         progress.note(f"redoing torn shard(s) {', '.join(torn)}")
-    device = best_device()
     if model is None:
-        model = load(checked, device, progress)
+        model = load(checked, None, progress)  # sized before torch is imported: a refusal comes in seconds
+    device = best_device()
     progress.note(f"extracting layers {checked.layers}: the inputs of decoder layers {checked.inputs} "
                   f"(width {checked.width})")
     if isinstance(checked.prep.get("kept"), int):
@@ -135,9 +137,15 @@ def run(ctx: StageContext, progress: Progress, model: Any = None) -> dict[str, A
     return manifest
 
 
-def load(checked: ExtractPlan, device: str, progress: Progress) -> Any:
-    """The target `checked` names, loaded on `device` (for Kimi-K2.5, ~600 GB of weights read)."""
-    progress.note(f"loading {checked.shape.path.name} on {device}")
+def load(checked: ExtractPlan, device: str | None, progress: Progress) -> Any:
+    """The target `checked` names, loaded on `device` (None: the best there is; for Kimi-K2.5, ~600 GB of
+    weights read) once its headers show it fits there (`remote.eagle3.target_memory`: else one line naming
+    the engine that does). The GPUs are nvidia-smi's that the process may use."""
+    gpus = target_memory.nvidia_smi_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    sizes = target_memory.require(checked.shape.path, checked.dtype, "hf", gpus, target_memory.host_memory())["hf"]
+    device = device or best_device()
+    progress.note(f"loading {checked.shape.path.name} on {device}: {target_memory.decimal(sizes['need_bytes'])} in "
+                  f"{sizes['in']}; {target_memory.holds(sizes)}")
     return load_target(checked.shape.path, checked.dtype, checked.trust_remote_code, device)
 
 
