@@ -50,6 +50,8 @@ class TrainSettings:
     specforge_server_urls: list[str]
     #: Merged into SpecForge's ``deployment:``.
     specforge_deployment: dict[str, Any]
+    #: A draft directory to continue from (`remote.eagle3.init_draft`); None: a new draft.
+    init_draft: str | None
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "TrainSettings":

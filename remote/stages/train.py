@@ -46,11 +46,11 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from remote.eagle3 import StageInputError, read_upstream_manifest
 from remote.eagle3 import draft_config
-from remote.eagle3 import heldout, plot, specforge
+from remote.eagle3 import heldout, init_draft, plot, specforge
 from remote.eagle3.shards import ShardStore, load_sample
 from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
 from remote.eagle3.train_settings import TrainSettings
@@ -85,7 +85,13 @@ def draft_for(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
     layers = list(extracted["layers"])
     draft_vocab = min(settings.draft_vocab_size, vocab_size)
     path = draft_config.draft_config_path(ctx.stage_config, ctx.shared_config)
-    if path is None:
+    if settings.init_draft:
+        if path is not None:
+            raise StageInputError(f"stages.train.init_draft and stages.train.draft_config are both set: the draft "
+                                  f"{settings.init_draft} is shaped by its own config.json; unset draft_config")
+        config = init_draft.config_for(settings.init_draft, int(target_config["hidden_size"]), vocab_size, layers, draft_vocab)
+        source = f"stages.train.init_draft {settings.init_draft}"
+    elif path is None:
         config = draft_config.build(target_config, layers, draft_vocab)
         source = "the draft config built from the target"
     else:
@@ -124,7 +130,7 @@ def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
     from remote.eagle3.trainer import train
 
     files, heldout_files = heldout.split(files, settings.eval_records, settings.eval_fraction)
-    draft, head = _warm_draft(config, shape, files, len(heldout_files), progress)
+    draft, head = start_draft(settings, config, shape, _counter(files, len(heldout_files), shape.vocab_size, progress), progress)
     device = torch.device(best_device())
     head = head.to(device)
 
@@ -137,6 +143,8 @@ def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
     # still reports them (a run resumed after its last step measures nothing, yet had an accept length).
     evaluation.restore(through=state.epoch)
     draft.to(device)
+    if state.step == 0:  # nothing trained yet: epoch 0 is the draft as it starts, what the data is measured against
+        evaluation.before_training(draft, head)
     progress.expect(epochs * -(-len(files) // batch_size), by="step")
     earlier = _previous_history(ctx, state.step)
 
@@ -205,16 +213,33 @@ def _aerie_inputs(ctx: StageContext, settings: TrainSettings, extracted: dict[st
     return shape, config, files
 
 
-def _warm_draft(config: dict[str, Any], shape, files: list[Path], heldout_count: int, progress: Progress):
-    """A new draft over the training records' most frequent tokens, started from the target's
-    embeddings and lm_head, and that head (on the CPU)."""
+def start_draft(settings: TrainSettings, config: dict[str, Any], shape, counts: Callable[[], Any], progress: Progress):
+    """The draft training starts from, and the target's lm_head (on the CPU): ``stages.train.init_draft``'s
+    weights and vocabulary map when it is set, else a new draft started from the target's embeddings and lm_head.
+    `counts` (how often each token is trained on) picks the vocabulary of a new draft, or cuts a full one."""
     from remote.eagle3.model import Eagle3Draft
-    from remote.eagle3.vocab import build_mapping, token_counts
+    from remote.eagle3.vocab import build_mapping
 
-    progress.note(f"counting tokens of {len(files)} records ({heldout_count} held out)")
-    d2t, t2d = build_mapping(token_counts(_each(files, progress), shape.vocab_size), config["draft_vocab_size"])
+    def mapping():
+        return build_mapping(counts(), config["draft_vocab_size"])
+
     embed, head = read_embed_and_head(shape)
-    return Eagle3Draft.warm(config, d2t, t2d, embed, head), head
+    if not settings.init_draft:
+        return Eagle3Draft.warm(config, *mapping(), embed, head), head
+    draft = init_draft.start(settings.init_draft, config, embed, mapping)
+    progress.note(f"continuing from the draft {settings.init_draft} (draft vocabulary {config['draft_vocab_size']})")
+    return draft, head
+
+
+def _counter(files: list[Path], heldout_count: int, vocab_size: int, progress: Progress) -> Callable[[], Any]:
+    """How often each token is trained on in `files`, counted when asked (a draft with its own map never asks)."""
+    from remote.eagle3.vocab import token_counts
+
+    def counts():
+        progress.note(f"counting tokens of {len(files)} records ({heldout_count} held out)")
+        return token_counts(_each(files, progress), vocab_size)
+
+    return counts
 
 
 def _aerie_callbacks(ctx: StageContext, draft, head, extracted: dict[str, Any], evaluation: heldout.EpochEvaluation,
