@@ -315,9 +315,12 @@ def run_specforge(ctx: StageContext, settings: TrainSettings, extracted: dict[st
                   progress: Progress) -> dict[str, Any]:
     """Train with the host's SpecForge (offline from extract's states, or online when `extracted` is
     None), then export a draft SGLang loads to ``$AERIE_OUTPUT/draft``."""
-    where = specforge.specforge_dir(ctx.stage_config)
+    where = specforge.specforge_dir(ctx.stage_config, init_draft=settings.init_draft)
     generation, prefix = specforge.detect(where)
-    job = _specforge_job(ctx, settings, extracted, generation, where)
+    if settings.init_draft and generation != "current":
+        raise StageInputError("stages.train.init_draft: the legacy SpecForge script has no warm start; "
+                              "install SpecForge 0.2.0 (model.draft_checkpoint_path) or use engine: aerie")
+    job = _specforge_job(ctx, settings, extracted, generation, where, progress)
     env = specforge.environment(where)
     if generation == "current":
         changed = specforge.begin(job)
@@ -351,7 +354,7 @@ def run_specforge(ctx: StageContext, settings: TrainSettings, extracted: dict[st
 
 
 def _specforge_job(ctx: StageContext, settings: TrainSettings, extracted: dict[str, Any] | None, generation: str,
-                   where: Path | None) -> specforge.SpecForgeRun:
+                   where: Path | None, progress: Progress) -> specforge.SpecForgeRun:
     """What SpecForge is run with, its inputs written and checked first (one line for each refusal)."""
     path, trust = target_settings(ctx.shared_config)
     shape = read_shape(path)
@@ -361,21 +364,27 @@ def _specforge_job(ctx: StageContext, settings: TrainSettings, extracted: dict[s
     if extracted and generation == "current" and extracted.get("dtype") not in (None, "bfloat16"):
         raise StageInputError(f"engine specforge trains on bfloat16 states (its target head is bfloat16) but extract stored "
                               f"{extracted['dtype']}: set stages.extract.dtype: bfloat16 and rerun extract")
-    draft_path = draft_config.draft_config_path(ctx.stage_config, ctx.shared_config)
-    draft = draft_config.load(draft_path)
-    draft_config.check_width(layers, shape.hidden_size, draft, f"draft config {draft_path}")
-    ctx.output.mkdir(parents=True, exist_ok=True)
     draft_vocab = min(settings.draft_vocab_size, shape.vocab_size)
+    if settings.init_draft:  # its own config.json shapes the draft, checked against the target and the settings
+        config = init_draft.config_for(settings.init_draft, shape.hidden_size, shape.vocab_size, layers, draft_vocab)
+    else:
+        draft_path = draft_config.draft_config_path(ctx.stage_config, ctx.shared_config)
+        draft = draft_config.load(draft_path)
+        draft_config.check_width(layers, shape.hidden_size, draft, f"draft config {draft_path}")
+        config = draft_config.finalize(draft, layers, shape.vocab_size, draft_vocab)
+    ctx.output.mkdir(parents=True, exist_ok=True)
     # NOTE: the draft SpecForge trains names the captured layers, so its export does too.
     finalized = ctx.output / "draft-config.json"
-    write_json_atomic(finalized, draft_config.finalize(draft, layers, shape.vocab_size, draft_vocab))
+    write_json_atomic(finalized, config)
     online = extracted is None
-    prompts = mapping = None
+    prompts = mapping = warm = None
     identity = f"{(extracted or {}).get('records')} records in {', '.join(map(str, ctx.inputs('extract')))}" if extracted else ""
     if online and generation == "current":
         _require_online(settings, ctx.stage_config)
         prep_dirs = [Path(p) for p in (ctx.config.get("prep_inputs") or {}).values()] or [ctx.upstream("prep")]
-        prompts, mapping, identity = specforge.write_online_inputs(prep_dirs, ctx.output, shape.vocab_size, draft_vocab)
+        prompts, mapping, identity = specforge.write_online_inputs(prep_dirs, ctx.output, shape.vocab_size, config["draft_vocab_size"])
+    if settings.init_draft:
+        warm, mapping = _specforge_warm_start(ctx, settings, config, shape, mapping, progress)
     return specforge.SpecForgeRun(
         specforge_dir=where, target_model=path, draft_config=finalized,
         train_data=_conversations(ctx) if generation == "legacy" else None,
@@ -388,8 +397,45 @@ def _specforge_job(ctx: StageContext, settings: TrainSettings, extracted: dict[s
         server_urls=settings.specforge_server_urls, deployment=settings.specforge_deployment,
         save_interval=settings.checkpoint_every, prompts=prompts, vocab_mapping=mapping,
         mooncake=dict(ctx.stage_config.get("specforge_mooncake") or {}),
-        data_identity=identity,
+        data_identity=identity, init_checkpoint=warm, init_source=settings.init_draft or "",
     )
+
+
+def _specforge_warm_start(ctx: StageContext, settings: TrainSettings, config: dict[str, Any], shape,
+                          mapping: Path | None, progress: Progress) -> tuple[Path, Path | None]:
+    """``stages.train.init_draft`` written for SpecForge's weights-only warm start (``model.draft_checkpoint_path``):
+    under SpecForge's names, with the vocabulary training keeps (a full one cut by the data's tokens, as
+    aerie's engine does), and that vocabulary map (``model.vocab_mapping_path``; None: the full vocabulary)."""
+    import torch
+
+    from remote.eagle3 import checkpoint
+    from remote.eagle3.vocab import build_mapping
+
+    def data_mapping():
+        if mapping is not None:  # online: the map of prep's tokens, already written
+            saved = torch.load(mapping)
+            return saved["d2t"], saved["t2d"]
+        files = [f for d in ctx.inputs("extract") for f in ShardStore(d).sample_files()]
+        return build_mapping(_counter(files, 0, shape.vocab_size, progress)(), config["draft_vocab_size"])
+
+    embed, _ = read_embed_and_head(shape)
+    draft = init_draft.start(settings.init_draft, config, embed, data_mapping)
+    out = checkpoint.save(draft, ctx.output / "init-draft", {"init_draft": settings.init_draft})
+    if config["draft_vocab_size"] == shape.vocab_size and mapping is None:
+        return out, None
+    kept = ctx.output / "init-draft-vocab.pt"
+    d2t, t2d = draft.d2t.cpu(), draft.t2d.cpu()
+    try:
+        saved = torch.load(kept)
+        same = torch.equal(saved["d2t"], d2t) and torch.equal(saved["t2d"], t2d)
+    except Exception:  # none yet, or torn by a kill: written again
+        same = False
+    # NOTE: left as it is when unchanged: SpecForge refuses to resume once the map's file is newer than its checkpoint.
+    if not same:
+        tmp = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
+        torch.save({"d2t": d2t, "t2d": t2d}, tmp)
+        os.replace(tmp, kept)
+    return out, kept
 
 
 def _require_online(settings: TrainSettings, stage: dict[str, Any]) -> None:
