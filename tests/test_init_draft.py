@@ -89,6 +89,7 @@ def test_a_one_epoch_run_from_the_demo_s_ten_epoch_draft_keeps_its_accept_length
     assert continued["epoch_history"][0]["accept_length"] == pytest.approx(base, abs=1e-6)
     assert scratch["epoch_history"][0]["accept_length"] < base
     assert continued["steps"] > 0 and continued["draft_vocab_size"] == ten_epochs["manifest"]["draft_vocab_size"]
+    assert continued["init_draft"] == str(ten_epochs["draft"]) and scratch["init_draft"] is None
 
 
 def test_the_draft_s_vocabulary_map_is_kept_and_its_weights_trained_on(demo_states: dict, ten_epochs: dict) -> None:

@@ -216,7 +216,7 @@ class Trainer:
             "first_loss": self.history[0]["loss"] if self.history else None,
             "last_loss": self.history[-1]["loss"] if self.history else None,
             "draft_vocab_size": self.draft.config["draft_vocab_size"],
-            "layers": self.extracted.get("layers"), "seconds": round(seconds, 3),
+            "layers": self.extracted.get("layers"), "seconds": round(seconds, 3), "init_draft": self.typed.init_draft,
             **self.evaluation.manifest(),
         }
         write_json_atomic(self.output / "manifest.json", manifest)

@@ -170,7 +170,7 @@ def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
         _save_draft(ctx, draft, extracted, epochs)
     history = earlier + history
     manifest = _aerie_manifest(ctx, extracted, config, len(files), epochs, history, state.step, time.time() - started)
-    manifest.update(evaluation.manifest())
+    manifest.update(evaluation.manifest(), init_draft=settings.init_draft)
     write_json_atomic(ctx.output / "manifest.json", manifest)
     write_json_atomic(ctx.output / "history.json", history)
     return manifest
@@ -347,7 +347,7 @@ def run_specforge(ctx: StageContext, settings: TrainSettings, extracted: dict[st
     progress.written(int((extracted or {}).get("records", 0)) or _count_lines(job.prompts or job.train_data))
     manifest = {"release": ctx.release, "engine": "specforge", "specforge": generation, "mode": mode, "command": argv,
                 "run_id": job.run_id if generation == "current" else None,
-                "checkpoint": str(latest), "draft": str(out), "layers": job.layers,
+                "checkpoint": str(latest), "draft": str(out), "layers": job.layers, "init_draft": settings.init_draft,
                 "eagle_aux_hidden_state_layer_ids": config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]}
     write_json_atomic(ctx.output / "manifest.json", manifest)
     return manifest
