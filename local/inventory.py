@@ -163,6 +163,9 @@ class Train(Stage):
     ttt_steps: int = Field(7, ge=1)
     max_length: int = Field(2048, ge=8)
     draft_config: str | None = None
+    init_draft: str | None = Field(None, description="a draft directory on the host in SGLang's EAGLE-3 format "
+                                   "(LlamaForCausalLMEagle3: a previous run's draft, SpecForge's export or a published "
+                                   "one) to continue training from; default: a new draft from the target's lm_head")
     specforge_dir: str | None = None
     specforge_train_data: str | None = None
     chat_template: str = Field("kimi_k2", description="legacy SpecForge only (train_eagle3.py renders conversations); "

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from remote.eagle3 import StageInputError, checkpoint, draft_config
 from remote.eagle3 import specforge
@@ -420,3 +421,45 @@ def test_the_cpu_loss_is_specforge_s_own_reference_loss_in_value_and_gradient(mo
     torch.testing.assert_close(ours, reference)
     torch.testing.assert_close(ours_grad, reference_grad)
     assert ours_grad[0, 2].abs().sum() == 0  # a masked position learns nothing
+
+
+@pytest.mark.timeout(900)
+def test_the_real_specforge_goes_on_from_init_draft_through_its_weights_only_warm_start(
+    real: dict, bf16_extracted: dict, tiny_target: Path
+) -> None:
+    from safetensors.torch import load_file
+    from specforge.config import load_config
+    from specforge.modeling.auto import AutoDraftModel
+    from specforge.training.model_loading import load_draft_config_source, warm_start_draft_model
+
+    inputs = {"inputs": [bf16_extracted["env"]["AERIE_OUTPUT"]]}
+    base, _ = run_train(bf16_extracted["root"], tiny_target, "sf-init-base",
+                        {"engine": "aerie", "epochs": 1, "draft_vocab_size": 200, "eval_records": 0}, **inputs)
+    init = Path(base["draft"])
+
+    manifest, out = run_train(bf16_extracted["root"], tiny_target, "sf-init",
+                              {"init_draft": str(init), "epochs": 1, "draft_vocab_size": 200}, **inputs)
+
+    config = load_config(str(out / "run.yaml"))  # SpecForge's own schema
+    assert config.model.draft_checkpoint_path == str(out / "init-draft")
+    assert config.model.vocab_mapping_path == str(out / "init-draft-vocab.pt")  # the init draft's map, kept
+    # SpecForge's own warm start finds every trained weight of what aerie wrote for it, unchanged.
+    draft_config = load_draft_config_source(config.model.draft_model_config)
+    model = AutoDraftModel.from_config(draft_config)
+    warm_start_draft_model(model, config.model.draft_checkpoint_path, draft_config=draft_config, strategy="eagle3",
+                           allow_missing_embedding=True)
+    given = load_file(str(init / "model.safetensors"))
+    loaded = model.state_dict()
+    # (in bfloat16, the draft config's torch_dtype, which SpecForge's from_pretrained loads it as)
+    expected = {name: t.to(torch.bfloat16).float() if t.is_floating_point() else t for name, t in given.items()}
+    differ = [name for name in given if not torch.equal(loaded[name].to(expected[name].dtype), expected[name])]
+    assert set(given) <= set(loaded) and differ == [] and len(given) == 15
+    # ... and the draft it trained and exported keeps the init draft's vocabulary map.
+    exported = load_file(str(next((out / "draft").glob("*.safetensors"))))
+    assert torch.equal(exported["d2t"], given["d2t"]) and manifest["engine"] == "specforge"
+    assert_sglang_draft(out, tiny_target)
+
+    again, _ = run_train(bf16_extracted["root"], tiny_target, "sf-init",
+                         {"init_draft": str(init), "epochs": 1, "draft_vocab_size": 200}, **inputs)
+    resumed = json.loads((out / "run.yaml").read_text())  # a rerun resumes: never a warm start beside resume_from
+    assert "draft_checkpoint_path" not in resumed["model"] and resumed["training"]["resume_from"] == again["checkpoint"]

@@ -51,7 +51,7 @@ def test_every_epoch_measures_the_draft_on_held_out_records_and_plots_the_curves
     metrics = read_progress(trained["env"])["metrics"]
 
     assert manifest["eval_records"] == 2 and manifest["records"] == 8 and manifest["eval_steps"] == 3
-    assert [e["epoch"] for e in manifest["epoch_history"]] == [1, 2, 3, 4, 5, 6]
+    assert [e["epoch"] for e in manifest["epoch_history"]] == [0, 1, 2, 3, 4, 5, 6]  # 0: before training
     assert 1.0 <= manifest["accept_length"] <= 4.0 and len(manifest["eval_accuracies"]) == 3
     assert metrics["accept_length"] == manifest["accept_length"]  # what `inv status --json` shows
     assert [metrics[f"eval_acc_{k}"] for k in range(3)] == manifest["eval_accuracies"]
@@ -282,7 +282,7 @@ def test_a_resumed_run_keeps_the_held_out_figures_of_the_epochs_measured_before_
     again = train.run(context(env), shown)
 
     assert resumed["resumed_from_step"] == 6 and again["resumed_from_step"] == 8 == again["steps"]
-    assert [e["epoch"] for e in resumed["epoch_history"]] == [1, 2]  # epoch 1 kept, epoch 2 measured now
+    assert [e["epoch"] for e in resumed["epoch_history"]] == [0, 1, 2]  # 0 and 1 kept, epoch 2 measured now
     assert again["epoch_history"] == resumed["epoch_history"]
     assert again["accept_length"] == resumed["accept_length"] == resumed["epoch_history"][-1]["accept_length"]
     assert again["eval_accuracies"] == resumed["eval_accuracies"] and len(again["eval_accuracies"]) == 3

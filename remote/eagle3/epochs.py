@@ -11,7 +11,8 @@ class EpochRecord:
     """One epoch's figures, as the manifest, the metrics and the plot show them."""
 
     epoch: int
-    loss: float
+    #: The epoch's mean training loss; None for epoch 0, the draft as training starts from it.
+    loss: float | None
     accept_length: float | None = None
     accuracies: list[float] = field(default_factory=list)
     positions: int = 0
@@ -23,4 +24,4 @@ class EpochRecord:
                 **{f"eval_acc_{k}": round(a, 4) for k, a in enumerate(self.accuracies)}}
 
     def as_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "loss": round(self.loss, 5), **self.metrics()}
+        return {"epoch": self.epoch, "loss": None if self.loss is None else round(self.loss, 5), **self.metrics()}

@@ -45,7 +45,8 @@ def _rank(path: Path) -> float:
 class EpochEvaluation:
     """The per-epoch hook of training: measure the draft on the held-out records, report, plot.
 
-    `on_step` is fed every training step's loss; `on_epoch` measures and returns the epoch's record.
+    `on_step` is fed every training step's loss; `on_epoch` measures and returns the epoch's record;
+    `before_training` measures the draft training starts from (epoch 0, no loss).
     """
 
     def __init__(self, heldout: list[Path], load: Any, steps: int, max_length: int, plot_path: Path,
@@ -63,23 +64,40 @@ class EpochEvaluation:
         self._losses.append(loss)
 
     def on_epoch(self, epoch: int, draft: Any, head: Any) -> EpochRecord:
-        from remote.eagle3.acceptance import evaluate
-
         loss = sum(self._losses) / len(self._losses) if self._losses else float("nan")
         self._losses = []
-        record = EpochRecord(epoch, loss)
-        if self.heldout:
-            self.progress.note(f"epoch {epoch}: measuring the draft on {len(self.heldout)} held-out records")
-            tally = evaluate(draft, head, self.heldout, self.load, self.steps, self.max_length, self.progress.beat)
-            record.accept_length, record.accuracies, record.positions = tally.accept_length, tally.accuracies, tally.positions
-            self.progress.metrics(**record.metrics())
-            print(f"epoch {epoch}: loss {loss:.4f}, held-out accept length {tally.accept_length:.3f} "
-                  f"({self.steps} steps, top-k 1), accuracy per step "
-                  + " ".join(f"{a:.3f}" for a in tally.accuracies), flush=True)
+        record = self._measured(EpochRecord(epoch, loss), draft, head)
         self.epochs.append(record)
         write_json_atomic(self.kept, [dataclasses.asdict(e) for e in self.epochs])
         if time.monotonic() - self._plotted_at >= PLOT_EVERY:
             self.draw()  # a long run shows its curve while it trains
+        return record
+
+    def before_training(self, draft: Any, head: Any) -> EpochRecord | None:
+        """Epoch 0: the draft as training starts from it (``stages.train.init_draft``'s, or a new one), so
+        the epochs after it show what the data added; the only epoch kept, since nothing was trained yet."""
+        if not self.heldout:
+            return None
+        record = self._measured(EpochRecord(0, None), draft, head)
+        self.epochs = [record]
+        write_json_atomic(self.kept, [dataclasses.asdict(e) for e in self.epochs])
+        return record
+
+    def _measured(self, record: EpochRecord, draft: Any, head: Any) -> EpochRecord:
+        """`record` with the held-out figures of `draft` (none without held-out records), reported and printed."""
+        from remote.eagle3.acceptance import evaluate
+
+        if not self.heldout:
+            return record
+        when = "before training" if record.loss is None else f"epoch {record.epoch}"
+        self.progress.note(f"{when}: measuring the draft on {len(self.heldout)} held-out records")
+        tally = evaluate(draft, head, self.heldout, self.load, self.steps, self.max_length, self.progress.beat)
+        record.accept_length, record.accuracies, record.positions = tally.accept_length, tally.accuracies, tally.positions
+        self.progress.metrics(**record.metrics())
+        loss = "" if record.loss is None else f", loss {record.loss:.4f}"
+        print(f"epoch {record.epoch} ({when}){loss}: held-out accept length {tally.accept_length:.3f} "
+              f"({self.steps} steps, top-k 1), accuracy per step " + " ".join(f"{a:.3f}" for a in tally.accuracies),
+              flush=True)
         return record
 
     def restore(self, through: int | None = None) -> None:

@@ -18,10 +18,10 @@ def write(epochs: list[EpochRecord], steps: int, path: Path) -> Path:
     from matplotlib import pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    x = [e.epoch for e in epochs]
     measured = [e for e in epochs if e.accept_length is not None]
-    figure, (loss_ax, acc_ax, accept_ax) = plt.subplots(1, 3, figsize=(13, 3.8), constrained_layout=True)
-    loss_ax.plot(x, [e.loss for e in epochs], marker="o")
+    figure, (loss_ax, acc_ax, accept_ax) = plt.subplots(1, 3, figsize=(13, 3.8), sharex=True, constrained_layout=True)
+    trained = [e for e in epochs if e.loss is not None]  # epoch 0 (before training) has no loss
+    loss_ax.plot([e.epoch for e in trained], [e.loss for e in trained], marker="o")
     loss_ax.set(title="training loss (mean per epoch)", xlabel="epoch")
     for k in range(len(measured[0].accuracies) if measured else 0):
         acc_ax.plot([e.epoch for e in measured], [e.accuracies[k] for e in measured], marker="o", label=f"step {k}")

@@ -83,6 +83,9 @@ class SpecForgeRun:
     mooncake: dict[str, Any] = field(default_factory=dict)  # online: SpecForge's mooncake_* endpoints
     data_identity: str = ""  # what the data is (records, paths or a hash): part of the run's name
     report_to: str = "none"  # SpecForge's tracking.report_to (`remote.eagle3.reporting.tracking_config`)
+    #: stages.train.init_draft as aerie wrote it for SpecForge (`model.draft_checkpoint_path`), and where it came from.
+    init_checkpoint: Path | None = None
+    init_source: str = ""
 
     @property
     def is_online(self) -> bool:
@@ -113,17 +116,19 @@ def identity(run: SpecForgeRun) -> dict[str, Any]:
     return {"num_epochs": run.epochs, "batch_size": run.batch_size, "world_size": run.nproc,
             "ttt_length": run.ttt_steps, "max_length": run.max_length, "learning_rate": run.learning_rate,
             "target": str(run.target_model), "draft_config": hashlib.sha256(draft).hexdigest(),
-            "layers": list(run.layers), "data": run.data_identity}
+            "layers": list(run.layers), "data": run.data_identity, **({"init_draft": run.init_source} if run.init_source else {})}
 
 
-def specforge_dir(stage: dict[str, Any], env: dict[str, str] | None = None) -> Path | None:
+def specforge_dir(stage: dict[str, Any], env: dict[str, str] | None = None, init_draft: str | None = None) -> Path | None:
     """Where SpecForge is (``stages.train.specforge_dir``, else ``$SPECFORGE_DIR``; None: the installed one),
-    refused in one line first when ``stages.train.draft_config`` is unset: SpecForge trains only a given draft.
+    refused in one line first when neither ``stages.train.draft_config`` nor `init_draft` (whose config.json
+    shapes the draft) is set: SpecForge trains only a given draft.
     The other settings SpecForge reads are `remote.eagle3.train_settings.TrainSettings`'."""
     env = os.environ if env is None else env
     where = stage.get("specforge_dir") or env.get("SPECFORGE_DIR")
-    if not stage.get("draft_config"):
-        raise StageInputError("engine specforge needs stages.train.draft_config (e.g. SpecForge's configs/kimi-k25-eagle3.json)")
+    if not stage.get("draft_config") and not init_draft:
+        raise StageInputError("engine specforge needs stages.train.draft_config (e.g. SpecForge's configs/kimi-k25-eagle3.json) "
+                              "or stages.train.init_draft")
     return Path(where).expanduser() if where else None
 
 
@@ -180,9 +185,10 @@ def run_config(run: SpecForgeRun) -> dict[str, Any]:
     data: dict[str, Any] = {"max_length": run.max_length, "cache_dir": str(run.output / "cache")}
     if run.is_online:
         data["prompts_path"] = str(run.prompts)
-        model["vocab_mapping_path"] = str(run.vocab_mapping)
     else:
         data["hidden_states_path"] = str(run.hidden_states)
+    if run.vocab_mapping is not None:  # online: always; offline: the init draft's own map, kept
+        model["vocab_mapping_path"] = str(run.vocab_mapping)
     training: dict[str, Any] = {
         "strategy": "eagle3", "num_epochs": run.epochs, "batch_size": run.batch_size,
         "learning_rate": run.learning_rate, "max_grad_norm": 0.5, "ttt_length": run.ttt_steps, "seed": 0,
@@ -194,6 +200,8 @@ def run_config(run: SpecForgeRun) -> dict[str, Any]:
     if latest is not None:
         # NOTE: the checkpoint itself: given the root, SpecForge refuses one holding several runs' links.
         training["resume_from"] = str(latest)
+    elif run.init_checkpoint is not None:  # SpecForge: a weights-only warm start, never beside resume_from
+        model["draft_checkpoint_path"] = str(run.init_checkpoint)
     trainer = {"nnodes": 1, "nproc_per_node": run.nproc}
     if run.is_online:
         disaggregated = {"control_dir": str(run.control_dir), "backend": "mooncake", "server_urls": list(run.server_urls),

@@ -54,6 +54,8 @@ class TrainSettings:
     specforge_deployment: dict[str, Any]
     #: ``none``, ``tensorboard`` or ``wandb``: `remote.eagle3.reporting` (aerie), SpecForge's ``tracking.report_to``.
     report_to: str
+    #: A draft directory to continue from (`remote.eagle3.init_draft`); None: a new draft.
+    init_draft: str | None
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "TrainSettings":

@@ -130,21 +130,18 @@ class Trainer:
         import torch
 
         from remote.eagle3 import heldout, plot
-        from remote.eagle3.model import Eagle3Draft
         from remote.eagle3.shards import load_sample
-        from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
-        from remote.eagle3.vocab import build_mapping
+        from remote.eagle3.target import best_device, read_config, read_shape, target_settings
         from remote.stages import train
 
         self.extracted = train.read_extract_manifests(inputs)
         shape = read_shape(target_settings(self.ctx.shared_config)[0])
         stage = sub_context(self.ctx, "train", self.settings, self.output, inputs)
         config = train.draft_for(stage, self.typed, self.extracted, shape.vocab_size, read_config(shape.path))
-        counts = trained_token_counts(self.trained["preps"], self.trained["heldout"], shape.vocab_size, self.progress.beat)
-        d2t, t2d = build_mapping(counts, config["draft_vocab_size"])
         self.device = torch.device(best_device())
-        embed, head = read_embed_and_head(shape)
-        self.draft, self.head = Eagle3Draft.warm(config, d2t, t2d, embed, head), head.to(self.device)
+        self.draft, head = train.start_draft(self.typed, config, shape, lambda: trained_token_counts(
+            self.trained["preps"], self.trained["heldout"], shape.vocab_size, self.progress.beat), self.progress)
+        self.head = head.to(self.device)
         self.output.mkdir(parents=True, exist_ok=True)
         self.evaluation = heldout.EpochEvaluation(
             self.heldout, load_sample, self.typed.eval_steps, self.typed.max_length,
@@ -165,6 +162,8 @@ class Trainer:
         settings = dataclasses.replace(self.typed, epochs=epochs)
         state = self.resume_state(inputs, files, settings, name)
         self.draft.to(self.device)
+        if state.step == 0:  # the run's first pass, nothing trained yet: epoch 0, the draft as it starts
+            self.evaluation.before_training(self.draft, self.head)
         history = [h for h in self.history if h["step"] <= state.step]
         self.history = history
         if self.observer is None:
@@ -234,7 +233,7 @@ class Trainer:
             "first_loss": self.history[0]["loss"] if self.history else None,
             "last_loss": self.history[-1]["loss"] if self.history else None,
             "draft_vocab_size": self.draft.config["draft_vocab_size"],
-            "layers": self.extracted.get("layers"), "seconds": round(seconds, 3),
+            "layers": self.extracted.get("layers"), "seconds": round(seconds, 3), "init_draft": self.typed.init_draft,
             **self.evaluation.manifest(),
         }
         write_json_atomic(self.output / "manifest.json", manifest)

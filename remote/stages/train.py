@@ -51,11 +51,11 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from remote.eagle3 import StageInputError, read_upstream_manifest
 from remote.eagle3 import draft_config
-from remote.eagle3 import heldout, plot, reporting, specforge
+from remote.eagle3 import heldout, init_draft, plot, reporting, specforge
 from remote.eagle3.shards import ShardStore, load_sample
 from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
 from remote.eagle3.train_settings import TrainSettings
@@ -90,7 +90,13 @@ def draft_for(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
     layers = list(extracted["layers"])
     draft_vocab = min(settings.draft_vocab_size, vocab_size)
     path = draft_config.draft_config_path(ctx.stage_config, ctx.shared_config)
-    if path is None:
+    if settings.init_draft:
+        if path is not None:
+            raise StageInputError(f"stages.train.init_draft and stages.train.draft_config are both set: the draft "
+                                  f"{settings.init_draft} is shaped by its own config.json; unset draft_config")
+        config = init_draft.config_for(settings.init_draft, int(target_config["hidden_size"]), vocab_size, layers, draft_vocab)
+        source = f"stages.train.init_draft {settings.init_draft}"
+    elif path is None:
         config = draft_config.build(target_config, layers, draft_vocab)
         source = "the draft config built from the target"
     else:
@@ -130,7 +136,7 @@ def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
     from remote.eagle3.trainer import train
 
     files, heldout_files = heldout.split(files, settings.eval_records, settings.eval_fraction)
-    draft, head = _warm_draft(config, shape, files, len(heldout_files), progress)
+    draft, head = start_draft(settings, config, shape, _counter(files, len(heldout_files), shape.vocab_size, progress), progress)
     device = torch.device(best_device())
     head = head.to(device)
 
@@ -143,6 +149,8 @@ def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
     # still reports them (a run resumed after its last step measures nothing, yet had an accept length).
     evaluation.restore(through=state.epoch)
     draft.to(device)
+    if state.step == 0:  # nothing trained yet: epoch 0 is the draft as it starts, what the data is measured against
+        evaluation.before_training(draft, head)
     progress.expect(epochs * -(-len(files) // batch_size), by="step")
     earlier = _previous_history(ctx, state.step)
     observer = reporting.Observer(_reporter(ctx, settings, state.step), evaluation, state.step)
@@ -170,7 +178,7 @@ def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
         _save_draft(ctx, draft, extracted, epochs)
     history = earlier + history
     manifest = _aerie_manifest(ctx, extracted, config, len(files), epochs, history, state.step, time.time() - started)
-    manifest.update(evaluation.manifest())
+    manifest.update(evaluation.manifest(), init_draft=settings.init_draft)
     write_json_atomic(ctx.output / "manifest.json", manifest)
     write_json_atomic(ctx.output / "history.json", history)
     return manifest
@@ -221,16 +229,33 @@ def _aerie_inputs(ctx: StageContext, settings: TrainSettings, extracted: dict[st
     return shape, config, files
 
 
-def _warm_draft(config: dict[str, Any], shape, files: list[Path], heldout_count: int, progress: Progress):
-    """A new draft over the training records' most frequent tokens, started from the target's
-    embeddings and lm_head, and that head (on the CPU)."""
+def start_draft(settings: TrainSettings, config: dict[str, Any], shape, counts: Callable[[], Any], progress: Progress):
+    """The draft training starts from, and the target's lm_head (on the CPU): ``stages.train.init_draft``'s
+    weights and vocabulary map when it is set, else a new draft started from the target's embeddings and lm_head.
+    `counts` (how often each token is trained on) picks the vocabulary of a new draft, or cuts a full one."""
     from remote.eagle3.model import Eagle3Draft
-    from remote.eagle3.vocab import build_mapping, token_counts
+    from remote.eagle3.vocab import build_mapping
 
-    progress.note(f"counting tokens of {len(files)} records ({heldout_count} held out)")
-    d2t, t2d = build_mapping(token_counts(_each(files, progress), shape.vocab_size), config["draft_vocab_size"])
+    def mapping():
+        return build_mapping(counts(), config["draft_vocab_size"])
+
     embed, head = read_embed_and_head(shape)
-    return Eagle3Draft.warm(config, d2t, t2d, embed, head), head
+    if not settings.init_draft:
+        return Eagle3Draft.warm(config, *mapping(), embed, head), head
+    draft = init_draft.start(settings.init_draft, config, embed, mapping)
+    progress.note(f"continuing from the draft {settings.init_draft} (draft vocabulary {config['draft_vocab_size']})")
+    return draft, head
+
+
+def _counter(files: list[Path], heldout_count: int, vocab_size: int, progress: Progress) -> Callable[[], Any]:
+    """How often each token is trained on in `files`, counted when asked (a draft with its own map never asks)."""
+    from remote.eagle3.vocab import token_counts
+
+    def counts():
+        progress.note(f"counting tokens of {len(files)} records ({heldout_count} held out)")
+        return token_counts(_each(files, progress), vocab_size)
+
+    return counts
 
 
 def _aerie_callbacks(ctx: StageContext, draft, head, extracted: dict[str, Any], evaluation: heldout.EpochEvaluation,
@@ -306,9 +331,12 @@ def run_specforge(ctx: StageContext, settings: TrainSettings, extracted: dict[st
                   progress: Progress) -> dict[str, Any]:
     """Train with the host's SpecForge (offline from extract's states, or online when `extracted` is
     None), then export a draft SGLang loads to ``$AERIE_OUTPUT/draft``."""
-    where = specforge.specforge_dir(ctx.stage_config)
+    where = specforge.specforge_dir(ctx.stage_config, init_draft=settings.init_draft)
     generation, prefix = specforge.detect(where)
-    job = _specforge_job(ctx, settings, extracted, generation, where)
+    if settings.init_draft and generation != "current":
+        raise StageInputError("stages.train.init_draft: the legacy SpecForge script has no warm start; "
+                              "install SpecForge 0.2.0 (model.draft_checkpoint_path) or use engine: aerie")
+    job = _specforge_job(ctx, settings, extracted, generation, where, progress)
     env = specforge.environment(where)
     if generation == "current":
         changed = specforge.begin(job)
@@ -335,14 +363,14 @@ def run_specforge(ctx: StageContext, settings: TrainSettings, extracted: dict[st
     progress.written(int((extracted or {}).get("records", 0)) or _count_lines(job.prompts or job.train_data))
     manifest = {"release": ctx.release, "engine": "specforge", "specforge": generation, "mode": mode, "command": argv,
                 "run_id": job.run_id if generation == "current" else None,
-                "checkpoint": str(latest), "draft": str(out), "layers": job.layers,
+                "checkpoint": str(latest), "draft": str(out), "layers": job.layers, "init_draft": settings.init_draft,
                 "eagle_aux_hidden_state_layer_ids": config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]}
     write_json_atomic(ctx.output / "manifest.json", manifest)
     return manifest
 
 
 def _specforge_job(ctx: StageContext, settings: TrainSettings, extracted: dict[str, Any] | None, generation: str,
-                   where: Path | None) -> specforge.SpecForgeRun:
+                   where: Path | None, progress: Progress) -> specforge.SpecForgeRun:
     """What SpecForge is run with, its inputs written and checked first (one line for each refusal)."""
     path, trust = target_settings(ctx.shared_config)
     shape = read_shape(path)
@@ -352,21 +380,27 @@ def _specforge_job(ctx: StageContext, settings: TrainSettings, extracted: dict[s
     if extracted and generation == "current" and extracted.get("dtype") not in (None, "bfloat16"):
         raise StageInputError(f"engine specforge trains on bfloat16 states (its target head is bfloat16) but extract stored "
                               f"{extracted['dtype']}: set stages.extract.dtype: bfloat16 and rerun extract")
-    draft_path = draft_config.draft_config_path(ctx.stage_config, ctx.shared_config)
-    draft = draft_config.load(draft_path)
-    draft_config.check_width(layers, shape.hidden_size, draft, f"draft config {draft_path}")
-    ctx.output.mkdir(parents=True, exist_ok=True)
     draft_vocab = min(settings.draft_vocab_size, shape.vocab_size)
+    if settings.init_draft:  # its own config.json shapes the draft, checked against the target and the settings
+        config = init_draft.config_for(settings.init_draft, shape.hidden_size, shape.vocab_size, layers, draft_vocab)
+    else:
+        draft_path = draft_config.draft_config_path(ctx.stage_config, ctx.shared_config)
+        draft = draft_config.load(draft_path)
+        draft_config.check_width(layers, shape.hidden_size, draft, f"draft config {draft_path}")
+        config = draft_config.finalize(draft, layers, shape.vocab_size, draft_vocab)
+    ctx.output.mkdir(parents=True, exist_ok=True)
     # NOTE: the draft SpecForge trains names the captured layers, so its export does too.
     finalized = ctx.output / "draft-config.json"
-    write_json_atomic(finalized, draft_config.finalize(draft, layers, shape.vocab_size, draft_vocab))
+    write_json_atomic(finalized, config)
     online = extracted is None
-    prompts = mapping = None
+    prompts = mapping = warm = None
     identity = f"{(extracted or {}).get('records')} records in {', '.join(map(str, ctx.inputs('extract')))}" if extracted else ""
     if online and generation == "current":
         _require_online(settings, ctx.stage_config)
         prep_dirs = [Path(p) for p in (ctx.config.get("prep_inputs") or {}).values()] or [ctx.upstream("prep")]
-        prompts, mapping, identity = specforge.write_online_inputs(prep_dirs, ctx.output, shape.vocab_size, draft_vocab)
+        prompts, mapping, identity = specforge.write_online_inputs(prep_dirs, ctx.output, shape.vocab_size, config["draft_vocab_size"])
+    if settings.init_draft:
+        warm, mapping = _specforge_warm_start(ctx, settings, config, shape, mapping, progress)
     return specforge.SpecForgeRun(
         specforge_dir=where, target_model=path, draft_config=finalized,
         train_data=_conversations(ctx) if generation == "legacy" else None,
@@ -379,8 +413,46 @@ def _specforge_job(ctx: StageContext, settings: TrainSettings, extracted: dict[s
         server_urls=settings.specforge_server_urls, deployment=settings.specforge_deployment,
         save_interval=settings.checkpoint_every, prompts=prompts, vocab_mapping=mapping,
         mooncake=dict(ctx.stage_config.get("specforge_mooncake") or {}),
-        data_identity=identity, report_to=settings.report_to,
+        data_identity=identity, report_to=settings.report_to, init_checkpoint=warm,
+        init_source=settings.init_draft or "",
     )
+
+
+def _specforge_warm_start(ctx: StageContext, settings: TrainSettings, config: dict[str, Any], shape,
+                          mapping: Path | None, progress: Progress) -> tuple[Path, Path | None]:
+    """``stages.train.init_draft`` written for SpecForge's weights-only warm start (``model.draft_checkpoint_path``):
+    under SpecForge's names, with the vocabulary training keeps (a full one cut by the data's tokens, as
+    aerie's engine does), and that vocabulary map (``model.vocab_mapping_path``; None: the full vocabulary)."""
+    import torch
+
+    from remote.eagle3 import checkpoint
+    from remote.eagle3.vocab import build_mapping
+
+    def data_mapping():
+        if mapping is not None:  # online: the map of prep's tokens, already written
+            saved = torch.load(mapping)
+            return saved["d2t"], saved["t2d"]
+        files = [f for d in ctx.inputs("extract") for f in ShardStore(d).sample_files()]
+        return build_mapping(_counter(files, 0, shape.vocab_size, progress)(), config["draft_vocab_size"])
+
+    embed, _ = read_embed_and_head(shape)
+    draft = init_draft.start(settings.init_draft, config, embed, data_mapping)
+    out = checkpoint.save(draft, ctx.output / "init-draft", {"init_draft": settings.init_draft})
+    if config["draft_vocab_size"] == shape.vocab_size and mapping is None:
+        return out, None
+    kept = ctx.output / "init-draft-vocab.pt"
+    d2t, t2d = draft.d2t.cpu(), draft.t2d.cpu()
+    try:
+        saved = torch.load(kept)
+        same = torch.equal(saved["d2t"], d2t) and torch.equal(saved["t2d"], t2d)
+    except Exception:  # none yet, or torn by a kill: written again
+        same = False
+    # NOTE: left as it is when unchanged: SpecForge refuses to resume once the map's file is newer than its checkpoint.
+    if not same:
+        tmp = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
+        torch.save({"d2t": d2t, "t2d": t2d}, tmp)
+        os.replace(tmp, kept)
+    return out, kept
 
 
 def _require_online(settings: TrainSettings, stage: dict[str, Any]) -> None:
