@@ -200,7 +200,9 @@ def test_a_budget_smaller_than_the_states_trains_by_chunks_never_exceeds_it_and_
     # the curves in TensorBoard (report_to) are the history's, the killed run's steps taken again shown once
     scalars = read_events(train / "tensorboard")
     assert scalars["train/loss"] == [(h["step"], pytest.approx(h["loss"], rel=1e-6)) for h in history]
-    assert scalars["eval/accept_length"] == [(history[-1]["step"], pytest.approx(trained["accept_length"], abs=1e-4))]
+    epochs = trained["epoch_history"]  # epoch 0 (before any step) at step 0, epoch 1 at its last step
+    assert scalars["eval/accept_length"] == [(0, pytest.approx(epochs[0]["accept_length"], abs=1e-4)),
+                                             (history[-1]["step"], pytest.approx(trained["accept_length"], abs=1e-4))]
 
 
 @pytest.mark.e2e

@@ -48,7 +48,7 @@ def assert_events_are_the_run(output: Path) -> dict[str, list[tuple[int, float]]
     for k in range(SETTINGS["ttt_steps"]):
         assert [v for _, v in scalars[f"train/acc_{k}"]] == pytest.approx([h[f"acc_{k}"] for h in history], abs=1e-4)
     epochs = manifest["epoch_history"]
-    per_epoch = len(history) // len(epochs)
+    per_epoch = len(history) // epochs[-1]["epoch"]  # epoch 0 is measured before the first step, at step 0
     assert [s for s, _ in scalars["eval/accept_length"]] == [e["epoch"] * per_epoch for e in epochs]
     assert [v for _, v in scalars["eval/accept_length"]] == pytest.approx([e["accept_length"] for e in epochs], abs=1e-4)
     assert [v for _, v in scalars["eval/acc_2"]] == pytest.approx([e["eval_acc_2"] for e in epochs], abs=1e-4)

@@ -67,7 +67,8 @@ class Reporter:
         if record.accept_length is not None:
             values["eval/accept_length"] = record.accept_length
             values.update({f"eval/acc_{k}": a for k, a in enumerate(record.accuracies)})
-        self.scalars({k: v for k, v in values.items() if v == v}, step)  # no NaN (an epoch of no steps)
+        # Neither NaN (an epoch of no steps) nor None (epoch 0: measured before any training, so no loss)
+        self.scalars({k: v for k, v in values.items() if v is not None and v == v}, step)
         self.flush()
 
 
