@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from remote.eagle3 import StageInputError
@@ -47,6 +48,7 @@ from remote.stages import StageContext
 class ExtractPlan:
     """Everything checked before the first weight is read."""
 
+    settings: ExtractSettings
     layers: list[int]
     architecture: str
     inputs: list[int]  # the decoder layers whose inputs SGLang captures for `layers`: HF hidden_states indices
@@ -73,6 +75,7 @@ def plan(ctx: StageContext) -> ExtractPlan:
     source = f"draft config {draft_path}" if draft_path else "an EAGLE-3 draft (3 x hidden)"
     width = draft_config.check_width(layers, shape.hidden_size, draft, source)
     return ExtractPlan(
+        settings=settings,
         layers=layers,
         architecture=arch,
         inputs=layer_ids.captured(layers, arch),
@@ -98,24 +101,19 @@ def run(ctx: StageContext, progress: Progress, model: Any = None) -> dict[str, A
     torn = store.remove_torn()
     if torn:
         progress.note(f"redoing torn shard(s) {', '.join(torn)}")
-    device = best_device()
-    if model is None:
-        model = load(checked, device, progress)
+    own = model is None
+    if own:
+        model = load(checked, best_device(), progress)
     progress.note(f"extracting layers {checked.layers}: the inputs of decoder layers {checked.inputs} "
-                  f"(width {checked.width})")
+                  f"(width {checked.width}, engine {checked.settings.engine})")
     if isinstance(checked.prep.get("kept"), int):
         progress.expect(checked.prep["kept"])  # prep's records: each is extracted or skipped
     started = time.time()
-    counts = extract(
-        decoder_of(model),
-        read_records(ctx.inputs("prep")[0]),
-        store,
-        checked.inputs,
-        checked.shard_size,
-        checked.batch_size,
-        device,
-        progress,
-    )
+    try:
+        counts = fill(checked, model, ctx.inputs("prep")[0], store, progress)
+    finally:
+        if own:
+            close(model)
     manifest = {
         **_fingerprint(checked),
         "release": ctx.release,
@@ -136,9 +134,27 @@ def run(ctx: StageContext, progress: Progress, model: Any = None) -> dict[str, A
 
 
 def load(checked: ExtractPlan, device: str, progress: Progress) -> Any:
-    """The target `checked` names, loaded on `device` (for Kimi-K2.5, ~600 GB of weights read)."""
+    """The target `checked` names, loaded by its engine: a transformers model on `device` (hf), or the
+    SGLang capture's workers over the host's GPUs (sglang); for Kimi-K2.5 ~600 GB of weights read."""
+    if checked.settings.engine == "sglang":
+        from remote.eagle3 import sglang_engine
+
+        return sglang_engine.start(checked, progress)
     progress.note(f"loading {checked.shape.path.name} on {device}")
     return load_target(checked.shape.path, checked.dtype, checked.trust_remote_code, device)
+
+
+def fill(checked: ExtractPlan, model: Any, prep: Path, store: ShardStore, progress: Progress) -> dict[str, int]:
+    """Every incomplete shard of `store` filled by the engine's `model` (what `load` returned)."""
+    if checked.settings.engine == "sglang":
+        return model.fill(prep, store.root, progress)
+    return extract(decoder_of(model), read_records(prep), store, checked.inputs, checked.shard_size,
+                   checked.batch_size, best_device(), progress)
+
+
+def close(model: Any) -> None:
+    """Let go of what `load` returned: the SGLang workers end; a transformers model is left to the collector."""
+    getattr(model, "close", lambda: None)()
 
 
 def _fingerprint(checked: ExtractPlan) -> dict[str, Any]:
@@ -154,6 +170,7 @@ def _fingerprint(checked: ExtractPlan) -> dict[str, Any]:
         "dtype": checked.dtype,
         "shard_size": checked.shard_size,
         "target": str(checked.shape.path),
+        "engine": checked.settings.engine,
     }
 
 
