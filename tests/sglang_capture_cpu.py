@@ -130,6 +130,30 @@ def sglang_model(architecture: str, num_layers: int) -> Any:
     return model
 
 
+class _Built(Exception):
+    """Raised by the recorder once SpecForge's build has made its ServerArgs: the rest needs a GPU."""
+
+
+def real_server_args(path: str, *, torch_dtype: Any = None, trust_remote_code: bool = False, **kwargs: Any):
+    """The ``ServerArgs`` SpecForge's real ``OfflineSGLangCaptureBackend.build`` makes for these arguments
+    (its own code runs until then), built by SGLang 0.5.14's own class; raises what that class raises."""
+    from specforge.offline_capture.sglang_backend import capture as real
+
+    made: dict[str, Any] = {}
+
+    def record(**fields: Any) -> Any:
+        made["args"] = server_args(**fields)
+        raise _Built
+
+    with mock.patch.object(real, "ServerArgs", record):
+        try:
+            real.OfflineSGLangCaptureBackend.build(path, torch_dtype=torch_dtype, trust_remote_code=trust_remote_code,
+                                                   **kwargs)
+        except _Built:
+            pass
+    return made["args"]
+
+
 class CpuCaptureBackend:
     """Stands in for SpecForge 0.2.0's ``OfflineSGLangCaptureBackend`` on a CPU (same signature)."""
 
@@ -152,12 +176,12 @@ class CpuCaptureBackend:
         from remote.eagle3.layer_ids import target_architecture
         from remote.eagle3.target import read_shape
 
-        # NOTE: the arguments SpecForge's build passes, through SGLang 0.5.14's own class, which refuses
-        # a field it does not have (a misspelt stages.extract.sglang_args key) as it would on the host.
-        args = server_args(model_path=pretrained_model_name_or_path, trust_remote_code=trust_remote_code,
-                           dtype=torch_dtype if torch_dtype is not None else "auto", enable_return_hidden_states=True,
-                           disable_cuda_graph=True, chunked_prefill_size=-1, tp_size=dist.get_world_size(get_tp_group()),
-                           pp_size=1, **kwargs)
+        # NOTE: SpecForge's own build makes the ServerArgs, through SGLang 0.5.14's own class, which
+        # refuses a field it does not have (a misspelt stages.extract.sglang_args key) as on the host.
+        args = real_server_args(pretrained_model_name_or_path, torch_dtype=torch_dtype,
+                                trust_remote_code=trust_remote_code, **kwargs)
+        if args.tp_size != dist.get_world_size(get_tp_group()):
+            raise RuntimeError(f"ServerArgs.tp_size {args.tp_size} is not the tensor-parallel group's size")
         path = Path(pretrained_model_name_or_path)
         model = sglang_model(target_architecture(path), read_shape(path).num_layers)
         dtype = str(torch_dtype).removeprefix("torch.") if torch_dtype is not None else "float32"
@@ -171,7 +195,12 @@ class CpuCaptureBackend:
         getattr(self.model_runner.model, setter)(layer_ids)
 
     def capture(self, *, input_ids: Any, attention_mask: Any, loss_mask: Any):
+        import os
+        import time
+
         import torch
+
+        time.sleep(float(os.environ.get("CPU_CAPTURE_PAUSE", "0")))  # a test's slower GPU, to kill it mid-run
 
         from remote.eagle3.extractor import capture
 
@@ -184,6 +213,47 @@ class CpuCaptureBackend:
         return data, tuple(aux for aux, _ in states), tuple(final for _, final in states)
 
 
+def signatures() -> dict[str, Any]:
+    """Each method's parameters (name, kind, default) in SpecForge's real backend and in `CpuCaptureBackend`."""
+    import inspect
+
+    from specforge.offline_capture.sglang_backend.capture import OfflineSGLangCaptureBackend
+
+    def shape(function: Any) -> list[list[str]]:
+        return [[p.name, p.kind.name, repr(p.default)] for p in inspect.signature(function).parameters.values()]
+
+    return {name: {"real": shape(getattr(OfflineSGLangCaptureBackend, name)), "cpu": shape(getattr(CpuCaptureBackend, name))}
+            for name in ("__init__", "build", "set_capture_layers", "capture")}
+
+
+def probe_server_args(path: str, tp_size: int, dtype: str, trust_remote_code: bool, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What SGLang 0.5.14 makes of the ServerArgs SpecForge's build would make on a `tp_size`-GPU host:
+    {"args": a few resolved fields} or {"refused": the error}."""
+    import torch
+    from specforge.offline_capture.sglang_backend import capture as real
+
+    with mock.patch.object(real.dist, "get_world_size", lambda group=None: tp_size):
+        try:
+            args = real_server_args(path, torch_dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code, **kwargs)
+        except (TypeError, ValueError, AssertionError) as exc:
+            return {"refused": f"{type(exc).__name__}: {exc}"}
+    fields = ("model_path", "tp_size", "pp_size", "device", "dtype", "trust_remote_code", "enable_return_hidden_states",
+              "disable_cuda_graph", "chunked_prefill_size", "mem_fraction_static", *kwargs)
+    return {"args": {name: str(getattr(args, name)) for name in fields}}
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import version
+
+    import sglang.version
+    import transformers
+
+    return {"sglang": sglang.version.__version__, "transformers": transformers.__version__, "specforge": version("specforge")}
+
+
+PROBES = {"signatures": signatures, "server_args": probe_server_args, "versions": versions}
+
+
 def install_backend() -> None:
     """`CpuCaptureBackend` where SpecForge's ``from_pretrained`` imports its backend from."""
     import specforge.offline_capture.sglang_backend as backend
@@ -192,6 +262,13 @@ def install_backend() -> None:
 
 
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--probe"]:  # the tests' questions: one JSON answer on stdout
+        import json
+
+        install_stubs()
+        answer = PROBES[argv[1]](*json.loads(argv[2]) if len(argv) > 2 else [])
+        print("PROBE " + json.dumps(answer), flush=True)
+        return
     if argv[:1] != ["-m"] or len(argv) < 2:
         raise SystemExit("usage: sglang_capture_cpu.py -m MODULE ARGS...")
     module = argv[1]
