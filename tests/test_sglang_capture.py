@@ -180,7 +180,8 @@ def test_inv_run_with_the_sglang_engine_writes_shards_train_accepts_reports_eta_
     job = bench.poll()["chat/extract"]
     assert job["message"] == f"8 records in 8 shard(s), {len(kept)} resumed", job
     trained = json.loads((bench.root / "data" / "draft" / "train" / "manifest.json").read_text())
-    assert trained["records"] == 8 and trained["route"] == "offline"
+    assert trained["records"] == 8 and trained["layers"] == manifest["layers"]
+    assert (bench.root / "data" / "draft" / "train" / "draft" / "model.safetensors").is_file()
 
 
 def _workers_alive(target: Path) -> bool:

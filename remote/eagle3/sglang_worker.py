@@ -164,10 +164,10 @@ def main(argv: list[str]) -> int:
     events = Events(stream) if rank == 0 else Silent()
     from specforge.distributed import init_distributed
 
-    init_distributed(timeout=spec["timeout_minutes"], tp_size=spec["tp_size"])
-    capture = build(spec)
-    events.send("ready", captured=captured_layers(capture))
     try:
+        init_distributed(timeout=spec["timeout_minutes"], tp_size=spec["tp_size"])
+        capture = build(spec)
+        events.send("ready", captured=captured_layers(capture))
         serve(capture, spec, rank, events)
     except Exception as exc:  # noqa: BLE001 (told to the stage in one line, then the process fails)
         events.send("error", message=f"{type(exc).__name__}: {exc}")
