@@ -189,3 +189,34 @@ def _workers_alive(target: Path) -> bool:
     it is found by its command line, which names the target."""
     found = subprocess.run(["pgrep", "-f", f"sglang_worker .*{target}"], capture_output=True, text=True)
     return bool(found.stdout.split())
+
+
+@pytest.mark.timeout(900)
+def test_the_chunked_route_keeps_the_capture_s_workers_and_the_target_loaded_for_every_chunk(
+    beside: Path, extracted: dict, tiny_target: Path, tmp_path: Path
+) -> None:
+    from benchmarks.harness.stage_settings import complete
+    from remote.control_plane.progress import Progress
+    from remote.orchestration.resident import Extractor, Relay
+    from tests.pipeline_fixtures import context, write_prep
+
+    root = tmp_path / "root"
+    records = extracted["records"]
+    chunks = [write_prep(root / "chunks" / name, part) for name, part in (("c0", records[:6]), ("c1", records[6:]))]
+    env = stage_env(root, "extract", sglang_settings(beside), {"target": {"model": str(tiny_target)}})
+    extractor = Extractor(context(env), complete("extract", sglang_settings(beside)))
+    progress = Progress()
+    started = time.monotonic()
+    extractor.run(chunks[0], root / "chunks" / "c0" / "extract", Relay(progress))
+    first = time.monotonic() - started
+    workers = extractor.model
+    assert workers.process.poll() is None  # still there, the target loaded, for the next chunk
+    started = time.monotonic()
+    extractor.run(chunks[1], root / "chunks" / "c1" / "extract", Relay(progress))
+    second = time.monotonic() - started
+    assert extractor.loads == 1 and extractor.model is workers
+    workers.close()
+    assert workers.process.returncode == 0  # end of requests: the workers end on their own
+    done = [json.loads((c.parent / "extract" / "manifest.json").read_text()) for c in chunks]
+    assert [m["records"] for m in done] == [6, RECORDS - 6] and all(m["engine"] == "sglang" for m in done)
+    print(f"chunk with the load: {first:.1f} s; chunk with the workers kept: {second:.1f} s")
