@@ -20,7 +20,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from remote.control_plane.processes import die_with_parent
 from remote.eagle3 import StageInputError
 from remote.eagle3.sglang_worker import TAG
 
@@ -69,8 +68,11 @@ class Workers:
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         try:
-            self.process = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                            preexec_fn=die_with_parent(os.getpid()))
+            # NOTE: torchrun stays in the stage's process group, which a kill of the job ends; no death
+            # signal against the stage: the kernel sends it when the *thread* that started the child
+            # ends, and the chunked route starts the workers from a thread that ends after the load.
+            # A stage killed alone closes the pipes: rank 0 reads the end of requests, or fails to write.
+            self.process = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         except OSError as exc:
             raise StageInputError(f"stages.extract.specforge_python {argv[0]!r} cannot be run ({exc.strerror}): give "
                                   "the python of the host's SpecForge environment (SpecForge 0.2.0, SGLang 0.5.14)") from None
