@@ -9,6 +9,11 @@ Settings (``stages.extract`` in the inventory, passed in ``AERIE_CONFIG``; typed
   output of layer ``i`` (HF's ``hidden_states[i + 1]``), for DeepSeek-V3 and
   Kimi-K2.5 the input of layer ``i`` (``hidden_states[i]``) unless the first
   id is 1 (see `remote.eagle3.layer_ids`).
+- ``engine``: ``hf`` (transformers in this process, `remote.eagle3.extractor`) or ``sglang``
+  (SpecForge's offline capture in SGLang, tensor parallel under torchrun in the host's SpecForge
+  environment: `remote.eagle3.sglang_engine`, with ``tp_size``, ``specforge_python``,
+  ``specforge_env`` and ``sglang_args``). Both fill the same shards; the engine is part of the
+  fingerprint.
 - ``dtype``: the dtype the target runs and the states are stored in.
 - ``batch_size``, ``shard_size``: records per forward pass and per shard.
 - ``draft_config`` (or ``stages.train.draft_config`` when the control plane
