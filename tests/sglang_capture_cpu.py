@@ -185,7 +185,13 @@ class CpuCaptureBackend:
         path = Path(pretrained_model_name_or_path)
         model = sglang_model(target_architecture(path), read_shape(path).num_layers)
         dtype = str(torch_dtype).removeprefix("torch.") if torch_dtype is not None else "float32"
-        decoder = decoder_of(load_target(path, dtype, trust_remote_code, "cpu"))
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        # NOTE: importing SGLang registered its own `kimi_k2` config with transformers; aerie's HF loader reads
+        # an unknown Kimi text config as DeepseekV3's, as it does where SGLang is not imported.
+        with mock.patch.dict(CONFIG_MAPPING._extra_content):
+            CONFIG_MAPPING._extra_content.pop("kimi_k2", None)
+            decoder = decoder_of(load_target(path, dtype, trust_remote_code, "cpu"))
         return cls(types.SimpleNamespace(model=model, server_args=args, decoder=decoder))
 
     def set_capture_layers(self, layer_ids: Optional[List[int]] = None, *, capture_method: str) -> None:

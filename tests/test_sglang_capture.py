@@ -108,6 +108,33 @@ def test_both_engines_store_the_same_states_for_the_same_tiny_target_and_ids(
     assert read_progress(env)["records"] == RECORDS
 
 
+@pytest.mark.timeout(900)
+def test_both_engines_store_the_same_states_for_a_kimi_shaped_target_whose_ids_are_layer_inputs(
+    beside: Path, kimi_target: Path, tmp_path: Path
+) -> None:
+    """SGLang 0.5.14's KimiK25ForConditionalGeneration hands the ids to its DeepseekV3 model, which captures
+    the inputs of layers 0, 1, 2 for [0, 1, 2] (a Llama captures 1, 2, 3): both engines store those."""
+    import torch
+
+    from tests.pipeline_fixtures import make_records, text_vocab_size, write_prep
+
+    records = make_records(6, text_vocab_size(kimi_target), seed=3)
+    stores = {}
+    for engine, settings in (("hf", EXTRACT_SETTINGS), ("sglang", sglang_settings(beside))):
+        root = tmp_path / engine
+        write_prep(root / "data" / "A1", records)
+        env = stage_env(root, "extract", settings, {"target": {"model": str(kimi_target)}})
+        result = run_stage("extract", env, timeout=800)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert json.loads((Path(env["AERIE_OUTPUT"]) / "manifest.json").read_text())["hidden_states"] == [0, 1, 2]
+        stores[engine] = ShardStore(Path(env["AERIE_OUTPUT"])).sample_files()
+    assert len(stores["hf"]) == len(stores["sglang"]) == 6
+    for a, b in zip(stores["hf"], stores["sglang"]):
+        one, two = load_sample(a), load_sample(b)
+        for key in ("aux_hidden_state", "hidden_state"):
+            torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-4)
+
+
 def test_a_capture_environment_that_cannot_be_run_is_one_line(beside: Path, extracted: dict, tiny_target: Path,
                                                                tmp_path: Path) -> None:
     from tests.pipeline_fixtures import write_prep
