@@ -131,6 +131,14 @@ class Extract(Stage):
     engine: Literal["hf", "sglang"] = Field(
         "hf", description="what computes the states: hf (transformers, in this process) or sglang (the serving "
                           "engine, SpecForge's offline capture under torchrun; docs/hidden-states.md)")
+    tp_size: int | None = Field(None, ge=1, description="engine sglang: GPUs the target is split over (tensor "
+                                "parallel, one torchrun process each); default: every GPU on the host")
+    specforge_python: str = Field("python3", description="engine sglang: the command that runs Python in the host's "
+                                  "SpecForge environment (SpecForge 0.2.0 with its SGLang 0.5.14), split like shell words")
+    specforge_env: dict[str, str] = Field(default_factory=dict, description="engine sglang: environment variables of "
+                                          "the capture, e.g. PYTHONPATH or CUDA_VISIBLE_DEVICES")
+    sglang_args: dict[str, Any] = Field(default_factory=dict, description="engine sglang: more fields of SGLang's "
+                                        "ServerArgs for the target, e.g. {mem_fraction_static: 0.8}")
     layers: list[int] = Field(default_factory=lambda: [2, 30, 58])
     batch_size: int = Field(1, ge=1)
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"

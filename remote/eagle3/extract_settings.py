@@ -23,6 +23,14 @@ class ExtractSettings:
 
     #: ``hf`` (transformers in this process) or ``sglang`` (the serving engine's capture).
     engine: str
+    #: engine sglang: GPUs the target is split over (None: every GPU on the host).
+    tp_size: int | None
+    #: engine sglang: the command that runs Python in the host's SpecForge environment.
+    specforge_python: str
+    #: engine sglang: environment variables of the capture.
+    specforge_env: dict[str, str]
+    #: engine sglang: more fields of SGLang's ``ServerArgs``.
+    sglang_args: dict[str, Any]
     #: Auxiliary layer ids as the draft's config gives them to SGLang (`remote.eagle3.layer_ids`).
     layers: list[int]
     #: The dtype the target runs and the states are stored in.

@@ -23,7 +23,7 @@ import json
 import re
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from remote.eagle3 import StageInputError, load_report
 from remote.eagle3.prep_input import Record
@@ -193,6 +193,20 @@ def extract(
 ) -> dict[str, int]:
     """Fill every shard that is not complete yet with the inputs of the decoder layers `inputs`;
     counts of written, resumed and skipped records."""
+    return fill(records, store, shard_size, batch_size, progress, lambda batch: capture(decoder, batch, inputs, device))
+
+
+def fill(
+    records: Iterable[Record],
+    store: Any,
+    shard_size: int,
+    batch_size: int,
+    progress: Any,
+    capture_batch: Callable[[list[list[int]]], list[tuple[Any, Any]]],
+) -> dict[str, int]:
+    """Fill every shard of `store` that is not complete yet, `capture_batch` giving (aux, final) per
+    sequence of a batch of token lists (each engine's own forward pass); counts of written, resumed
+    and skipped records. `store` is a `ShardStore` or one with its `is_complete`, `meta` and `writer`."""
     counts = {"written": 0, "resumed": 0, "skipped": 0, "shards": 0}
     for index, shard in enumerate(chunks(enumerate(records), shard_size)):
         counts["shards"] += 1
@@ -205,7 +219,7 @@ def extract(
         writer = store.writer(index)
         kept = [(i, r) for i, r in shard if _trainable(r, progress, counts)]
         for batch in chunks(kept, batch_size):
-            for (i, record), (aux, final) in zip(batch, capture(decoder, [r.input_ids for _, r in batch], inputs, device)):
+            for (i, record), (aux, final) in zip(batch, capture_batch([list(r.input_ids) for _, r in batch])):
                 writer.add(i, sample(record, aux, final))
                 counts["written"] += 1
                 progress.written()

@@ -237,7 +237,7 @@ class Chunked:
         key = {
             "prep": {name: [m.get("kept"), (m.get("tokens") or {}).get("total")] for name, m in manifests.items()},
             "budget": self.budget, "layers": extract.layers, "captured": self.captured(),
-            "dtype": extract.dtype,
+            "dtype": extract.dtype, "engine": extract.engine,
             "target": (self.ctx.shared_config.get("target") or {}).get("model"), "epochs": self.epochs,
             "passes": self.passes, "heldout": [self.resident_train, self.train_settings.eval_records,
                                                self.train_settings.eval_fraction, extract.shard_size],

@@ -9,6 +9,11 @@ Settings (``stages.extract`` in the inventory, passed in ``AERIE_CONFIG``; typed
   output of layer ``i`` (HF's ``hidden_states[i + 1]``), for DeepSeek-V3 and
   Kimi-K2.5 the input of layer ``i`` (``hidden_states[i]``) unless the first
   id is 1 (see `remote.eagle3.layer_ids`).
+- ``engine``: ``hf`` (transformers in this process, `remote.eagle3.extractor`) or ``sglang``
+  (SpecForge's offline capture in SGLang, tensor parallel under torchrun in the host's SpecForge
+  environment: `remote.eagle3.sglang_engine`, with ``tp_size``, ``specforge_python``,
+  ``specforge_env`` and ``sglang_args``). Both fill the same shards; the engine is part of the
+  fingerprint.
 - ``dtype``: the dtype the target runs and the states are stored in.
 - ``batch_size``, ``shard_size``: records per forward pass and per shard.
 - ``draft_config`` (or ``stages.train.draft_config`` when the control plane
@@ -29,6 +34,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from remote.eagle3 import StageInputError
@@ -49,6 +55,7 @@ from remote.stages import StageContext
 class ExtractPlan:
     """Everything checked before the first weight is read."""
 
+    settings: ExtractSettings
     layers: list[int]
     architecture: str
     inputs: list[int]  # the decoder layers whose inputs SGLang captures for `layers`: HF hidden_states indices
@@ -75,6 +82,7 @@ def plan(ctx: StageContext) -> ExtractPlan:
     source = f"draft config {draft_path}" if draft_path else "an EAGLE-3 draft (3 x hidden)"
     width = draft_config.check_width(layers, shape.hidden_size, draft, source)
     return ExtractPlan(
+        settings=settings,
         layers=layers,
         architecture=arch,
         inputs=layer_ids.captured(layers, arch),
@@ -100,24 +108,19 @@ def run(ctx: StageContext, progress: Progress, model: Any = None) -> dict[str, A
     torn = store.remove_torn()
     if torn:
         progress.note(f"redoing torn shard(s) {', '.join(torn)}")
-    if model is None:
+    own = model is None
+    if own:
         model = load(checked, None, progress)  # sized before torch is imported: a refusal comes in seconds
-    device = best_device()
     progress.note(f"extracting layers {checked.layers}: the inputs of decoder layers {checked.inputs} "
-                  f"(width {checked.width})")
+                  f"(width {checked.width}, engine {checked.settings.engine})")
     if isinstance(checked.prep.get("kept"), int):
         progress.expect(checked.prep["kept"])  # prep's records: each is extracted or skipped
     started = time.time()
-    counts = extract(
-        decoder_of(model),
-        read_records(ctx.inputs("prep")[0]),
-        store,
-        checked.inputs,
-        checked.shard_size,
-        checked.batch_size,
-        device,
-        progress,
-    )
+    try:
+        counts = fill(checked, model, ctx.inputs("prep")[0], store, progress)
+    finally:
+        if own:
+            close(model)
     manifest = {
         **_fingerprint(checked),
         "release": ctx.release,
@@ -138,15 +141,33 @@ def run(ctx: StageContext, progress: Progress, model: Any = None) -> dict[str, A
 
 
 def load(checked: ExtractPlan, device: str | None, progress: Progress) -> Any:
-    """The target `checked` names, loaded on `device` (None: the best there is; for Kimi-K2.5, ~600 GB of
-    weights read) once its headers show it fits there (`remote.eagle3.target_memory`: else one line naming
-    the engine that does). The GPUs are nvidia-smi's that the process may use."""
+    """The target `checked` names, loaded by its engine: the SGLang capture's workers over the host's GPUs
+    (sglang), or a transformers model on `device` (hf; None: the best there is) once its headers show it
+    fits there (`remote.eagle3.target_memory`: else one line naming the engine that does; the GPUs are
+    nvidia-smi's that the process may use). For Kimi-K2.5, ~600 GB of weights read."""
+    if checked.settings.engine == "sglang":
+        from remote.eagle3 import sglang_engine
+
+        return sglang_engine.start(checked, progress)
     gpus = target_memory.nvidia_smi_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
     sizes = target_memory.require(checked.shape.path, checked.dtype, "hf", gpus, target_memory.host_memory())["hf"]
     device = device or best_device()
     progress.note(f"loading {checked.shape.path.name} on {device}: {target_memory.decimal(sizes['need_bytes'])} in "
                   f"{sizes['in']}; {target_memory.holds(sizes)}")
     return load_target(checked.shape.path, checked.dtype, checked.trust_remote_code, device)
+
+
+def fill(checked: ExtractPlan, model: Any, prep: Path, store: ShardStore, progress: Progress) -> dict[str, int]:
+    """Every incomplete shard of `store` filled by the engine's `model` (what `load` returned)."""
+    if checked.settings.engine == "sglang":
+        return model.fill(prep, store.root, progress)
+    return extract(decoder_of(model), read_records(prep), store, checked.inputs, checked.shard_size,
+                   checked.batch_size, best_device(), progress)
+
+
+def close(model: Any) -> None:
+    """Let go of what `load` returned: the SGLang workers end; a transformers model is left to the collector."""
+    getattr(model, "close", lambda: None)()
 
 
 def _fingerprint(checked: ExtractPlan) -> dict[str, Any]:
@@ -162,6 +183,7 @@ def _fingerprint(checked: ExtractPlan) -> dict[str, Any]:
         "dtype": checked.dtype,
         "shard_size": checked.shard_size,
         "target": str(checked.shape.path),
+        "engine": checked.settings.engine,
     }
 
 
