@@ -172,3 +172,18 @@ def kimi_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def text_vocab_size(model_dir: Path) -> int:
     config = json.loads((model_dir / "config.json").read_text())
     return (config.get("text_config") or config)["vocab_size"]
+
+
+def crash_after(monkeypatch: pytest.MonkeyPatch, calls: int) -> None:
+    """Make the training step raise after `calls` steps, as a kill mid-epoch would end the run."""
+    from remote.eagle3 import trainer
+
+    real, seen = trainer.ttt_loss, []
+
+    def ttt_loss(*args, **kwargs):
+        if len(seen) == calls:
+            raise KeyboardInterrupt("killed")
+        seen.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "ttt_loss", ttt_loss)

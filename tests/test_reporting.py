@@ -13,7 +13,7 @@ import pytest
 from remote.eagle3 import StageInputError, reporting, specforge
 from remote.control_plane.progress import Progress
 from remote.stages import train
-from tests.pipeline_fixtures import REPO, TINY_LAYERS, context, extracted, run_stage, stage_env, tiny_target
+from tests.pipeline_fixtures import REPO, TINY_LAYERS, context, crash_after, extracted, run_stage, stage_env, tiny_target
 
 __all__ = ["extracted", "tiny_target"]  # fixtures used below
 
@@ -71,25 +71,11 @@ def test_a_train_run_reporting_to_tensorboard_writes_event_files_tensorboard_rea
     assert len(scalars["train/loss"]) == 8 and (output / reporting.TENSORBOARD_DIR).parent == (output / "draft").parent
 
 
-def _crash_after(monkeypatch: pytest.MonkeyPatch, calls: int) -> None:
-    from remote.eagle3 import trainer
-
-    real, seen = trainer.ttt_loss, []
-
-    def ttt_loss(*args, **kwargs):
-        if len(seen) == calls:
-            raise KeyboardInterrupt("killed")
-        seen.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(trainer, "ttt_loss", ttt_loss)
-
-
 def test_a_run_killed_mid_epoch_and_resumed_reads_back_as_one_curve_without_the_steps_it_took_twice(
     extracted: dict, tiny_target: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     env = train_env(extracted, tiny_target, "tb-resumed", checkpoint_every=3)
-    _crash_after(monkeypatch, 7)  # in epoch 2; the last checkpoint is step 6: step 7 is taken again
+    crash_after(monkeypatch, 7)  # in epoch 2; the last checkpoint is step 6: step 7 is taken again
     with pytest.raises(KeyboardInterrupt):
         train.run(context(env), Progress())
     monkeypatch.undo()

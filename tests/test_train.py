@@ -16,7 +16,7 @@ from remote.eagle3 import trainer
 from remote.eagle3.vocab import build_mapping
 from remote.control_plane.progress import Progress
 from remote.stages import train
-from tests.pipeline_fixtures import TINY_LAYERS, context, extracted, read_progress, run_stage, stage_env, tiny_target
+from tests.pipeline_fixtures import TINY_LAYERS, context, crash_after, extracted, read_progress, run_stage, stage_env, tiny_target
 
 __all__ = ["extracted", "tiny_target"]  # fixtures used below
 
@@ -198,21 +198,6 @@ def test_train_refuses_when_extract_has_not_succeeded(tmp_path: Path, tiny_targe
     assert "extract has not succeeded" in result.stderr.strip()
 
 
-def _crash_after(monkeypatch: pytest.MonkeyPatch, calls: int) -> None:
-    """Make the training step raise after `calls` steps, as a kill mid-epoch would end the run."""
-    from remote.eagle3 import trainer
-
-    real, seen = trainer.ttt_loss, []
-
-    def ttt_loss(*args, **kwargs):
-        if len(seen) == calls:
-            raise KeyboardInterrupt("killed")
-        seen.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(trainer, "ttt_loss", ttt_loss)
-
-
 def test_a_train_run_stopped_mid_epoch_resumes_to_the_same_draft_as_an_unbroken_run(
     extracted: dict, tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -226,7 +211,7 @@ def test_a_train_run_stopped_mid_epoch_resumes_to_the_same_draft_as_an_unbroken_
         env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [extracted["env"]["AERIE_OUTPUT"]]})
     train.run(context(unbroken), Progress())
 
-    _crash_after(monkeypatch, 7)  # epoch 2's second batch; the last checkpoint is step 6 (epoch 2, batch 1)
+    crash_after(monkeypatch, 7)  # epoch 2's second batch; the last checkpoint is step 6 (epoch 2, batch 1)
     with pytest.raises(KeyboardInterrupt):
         train.run(context(broken), Progress())
     monkeypatch.undo()
@@ -272,7 +257,7 @@ def test_a_resumed_run_keeps_the_held_out_figures_of_the_epochs_measured_before_
     settings = {**TRAIN_SETTINGS, "epochs": 2, "checkpoint_every": 3}  # 8 records trained, 4 steps an epoch
     env = stage_env(extracted["root"], "train", settings, {"target": {"model": str(tiny_target)}}, dataset="kept")
     env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [extracted["env"]["AERIE_OUTPUT"]]})
-    _crash_after(monkeypatch, 7)  # in epoch 2; the last checkpoint is step 6, after epoch 1 was measured
+    crash_after(monkeypatch, 7)  # in epoch 2; the last checkpoint is step 6, after epoch 1 was measured
     with pytest.raises(KeyboardInterrupt):
         train.run(context(env), Progress())
     monkeypatch.undo()
