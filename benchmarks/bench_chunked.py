@@ -45,26 +45,42 @@ def settings(stage: str, values: dict[str, Any]) -> dict[str, Any]:
     return {**model().model_dump(exclude={"command", "stall_after"}), **values}
 
 
-def build(work: Path, records: int, seed: int = 0) -> tuple[Path, list[str]]:
-    """The wired target and three datasets' prep outputs of `records` records in all."""
+def build_wired_target(target: Path) -> None:
+    """The demo's wired target (and its tokenizer) in `target`."""
     from remote.demo import tiny_model
     from remote.demo.tiny_tokenizer import build_tokenizer
 
-    target = work / "target"
     build_tokenizer(target)
     tiny_model.main([str(target), "--tokenizer", str(target), "--recite", tiny_model.DEMO_RECITAL])
+
+
+def greedy_records(target: Path, records: int, seed: int) -> list[dict[str, Any]]:
+    """`records` prep records (ids r0, r1, ...): a random prompt, then an answer along the wired target's
+    greedy path, which a draft can learn."""
+    from remote.demo import tiny_model
+
     recite = json.loads((target / tiny_model.RECITAL_FILE).read_text())["ids"]
     vocab = tiny_model.tokenizer_vocab_size(target)
     following = tiny_model.successor(recite, vocab)
     rng = random.Random(seed)
-    names = ["A1", "B2", "C3"]
-    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    rows = []
     for i in range(records):
         prompt = [rng.randrange(vocab) for _ in range(rng.randint(8, 40))]
         answer = [following[prompt[-1]]]
         for _ in range(rng.randint(16, 80)):
             answer.append(following[answer[-1]])
-        rows[names[i % 3]].append({"id": f"r{i}", "input_ids": prompt + answer, "loss_mask": [0] * len(prompt) + [1] * len(answer)})
+        rows.append({"id": f"r{i}", "input_ids": prompt + answer, "loss_mask": [0] * len(prompt) + [1] * len(answer)})
+    return rows
+
+
+def build(work: Path, records: int, seed: int = 0) -> tuple[Path, list[str]]:
+    """The wired target and three datasets' prep outputs of `records` records in all."""
+    target = work / "target"
+    build_wired_target(target)
+    names = ["A1", "B2", "C3"]
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for i, row in enumerate(greedy_records(target, records, seed)):
+        rows[names[i % 3]].append(row)
     for name, chunk in rows.items():
         write_prep(work / "root" / "data" / name / "prep", chunk)
     return target, names

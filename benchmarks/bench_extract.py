@@ -23,12 +23,12 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from benchmarks.harness.timing import timed
 from remote.eagle3 import draft_config
 from remote.eagle3.extractor import capture, decoder_of, sample
 from remote.eagle3.layer_ids import captured
@@ -50,22 +50,6 @@ def build_target(hidden: int, layers: int, vocab: int, dtype: torch.dtype, devic
     with torch.device(device):
         model = LlamaForCausalLM(config)
     return model.to(dtype).eval(), config
-
-
-def timed(fn: Callable[[], Any], device: str, repeats: int) -> float:
-    """Seconds per call, after one warm-up call."""
-    fn()
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    sync(device)
-    return (time.perf_counter() - start) / repeats
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def run(hidden: int = 64, layers: int = 4, vocab: int = 785, dtype: str = "float32", batch: int = 4, seq: int = 256,

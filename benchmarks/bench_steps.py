@@ -24,11 +24,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import time
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from benchmarks.harness.timing import timed
 #: Kimi-K2.5's widths (its text config) and the draft SpecForge trains for it.
 #: 56 heads of 128: a Llama draft layer at hidden 7168 (Kimi's own attention is MLA), a head size flex attention takes.
 KIMI = {"hidden": 7168, "vocab": 163840, "draft_vocab": 32000, "heads": 56, "intermediate": 18432, "ttt": 7,
@@ -36,23 +36,6 @@ KIMI = {"hidden": 7168, "vocab": 163840, "draft_vocab": 32000, "heads": 56, "int
 SMALL = {"hidden": 256, "vocab": 4096, "draft_vocab": 1024, "heads": 4, "intermediate": 688, "ttt": 7,
          "batch": 1, "seq": 256, "layers": 8, "dtype": "bfloat16"}
 AUX_LAYERS = [1, 3, 4]  # SpecForge's rule for an 8-layer target: 1, L/2 - 1, L - 4
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn: Callable[[], Any], device: str, repeats: int, warmup: int = 2) -> float:
-    """Seconds per call, after `warmup` calls (compilation, allocator, autotuning)."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    sync(device)
-    return (time.perf_counter() - start) / repeats
 
 
 def target_config(shape: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +80,7 @@ def aerie_step(shape: dict[str, Any], weights: dict[str, torch.Tensor], batch: d
     head = weights["head"]
     data = Batch(batch["input_ids"], batch["loss_mask"], batch["aux"].float(), batch["final"].float())
     losses: list[float] = []
-    seconds = timed(lambda: losses.append(train_step(draft, data, head, shape["ttt"], optimizer, schedule)[0]), device, repeats)
+    seconds = timed(lambda: losses.append(train_step(draft, data, head, shape["ttt"], optimizer, schedule)[0]), device, repeats, warmup=2)
     return {"tok_s": round(data.input_ids.numel() / seconds, 1), "step_s": round(seconds, 4), "loss": round(losses[-1], 4),
             "peak_gib": peak_gib(device)}
 
@@ -143,7 +126,7 @@ def specforge_step(shape: dict[str, Any], weights: dict[str, torch.Tensor], batc
         optimizer.step()
         losses.append(float(loss.detach()))
 
-    seconds = timed(step, device, repeats)
+    seconds = timed(step, device, repeats, warmup=2)
     tokens = batch["input_ids"].numel()
     return {"tok_s": round(tokens / seconds, 1), "step_s": round(seconds, 4), "loss": round(losses[-1], 4),
             "attention": attention, "peak_gib": peak_gib(device)}
@@ -164,7 +147,7 @@ def capture_vs_forward(shape: dict[str, Any], device: str, repeats: int) -> dict
         with torch.inference_mode():
             decoder(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
 
-    figures = {name: ids.numel() / timed(fn, device, repeats) for name, fn in
+    figures = {name: ids.numel() / timed(fn, device, repeats, warmup=2) for name, fn in
                (("forward", forward), ("capture", lambda: capture(decoder, rows, captured(AUX_LAYERS, "LlamaForCausalLM"), device)))}
     del model, decoder
     if device == "cuda":

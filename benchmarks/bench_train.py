@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import resource
 import shutil
 import stat
@@ -34,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_chunked import REPO, settings, write_prep
+from benchmarks.bench_chunked import REPO, build_wired_target, greedy_records, settings, write_prep
 
 EPOCHS = 10
 TRAIN = {"draft_vocab_size": 256, "epochs": EPOCHS, "learning_rate": 3e-3, "ttt_steps": 3, "eval_records": None,
@@ -45,25 +44,10 @@ LONGER = 7  # draft steps of the second measurement: more than the draft was tra
 
 def build(work: Path, records: int, seed: int) -> Path:
     """The wired target (the demo's) and one dataset of `records` records following its greedy path."""
-    from remote.demo import tiny_model
-    from remote.demo.tiny_tokenizer import build_tokenizer
-
     target = work / "target"
     if not (target / "config.json").is_file():
-        build_tokenizer(target)
-        tiny_model.main([str(target), "--tokenizer", str(target), "--recite", tiny_model.DEMO_RECITAL])
-    recite = json.loads((target / tiny_model.RECITAL_FILE).read_text())["ids"]
-    vocab = tiny_model.tokenizer_vocab_size(target)
-    following = tiny_model.successor(recite, vocab)
-    rng = random.Random(seed)
-    rows = []
-    for i in range(records):
-        prompt = [rng.randrange(vocab) for _ in range(rng.randint(8, 40))]
-        answer = [following[prompt[-1]]]
-        for _ in range(rng.randint(16, 80)):
-            answer.append(following[answer[-1]])
-        rows.append({"id": f"r{i}", "input_ids": prompt + answer, "loss_mask": [0] * len(prompt) + [1] * len(answer)})
-    write_prep(work / f"seed-{seed}" / "data" / "A1" / "prep", rows)
+        build_wired_target(target)
+    write_prep(work / f"seed-{seed}" / "data" / "A1" / "prep", greedy_records(target, records, seed))
     return target
 
 
