@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from invoke import Collection, Context, Exit
 
-from local import control
+from local.tasks import control
 from local.cli import console, exit_without_collecting, inventory_name, task
-from local.fleet import fleet
-from local.inventory_cache import load
-from local.status_data import any_bad
+from local.host.fleet import fleet
+from local.inventory.loader import load
+from local.views.status_data import any_bad
 
 exit_without_collecting()  # a command ends about 80 ms sooner (see there)
 
@@ -24,19 +24,19 @@ DATASET = "comma-separated dataset names; default: all of the inventory's"
 @task(help={"inventory": INVENTORY, "json": "print a JSON list instead of the table"})
 def validate(c: Context, inventory: str | None = None, json: bool = False) -> None:
     """Run prep over each dataset's local sample here; fail on any that would give zero records."""
-    from local import validation  # in the tasks that validate: not a cost of `inv status`
+    from local.validation import samples  # in the tasks that validate: not a cost of `inv status`
 
-    validation.check(load(inventory_name(c, inventory)), console(), as_json=json)
+    samples.check(load(inventory_name(c, inventory)), console(), as_json=json)
 
 
 @task(help={"inventory": INVENTORY, "dry_run": "list what would be added, changed and removed; send nothing",
             "revalidate": "validate every dataset again, even those whose sample, prep code and settings are unchanged"})
 def deploy(c: Context, inventory: str | None = None, dry_run: bool = False, revalidate: bool = False) -> None:
     """Check locally, then sync remote/ to the host(s) as a new release, atomically."""
-    from local import validation
+    from local.validation import samples
 
     with fleet(inventory_name(c, inventory)) as hosts:
-        validation.check(hosts.inventory, console(), cached=not revalidate)
+        samples.check(hosts.inventory, console(), cached=not revalidate)
         hosts.raise_failures(hosts.each(lambda host, out: control.deploy(host, out, dry_run), console()))
 
 
@@ -112,7 +112,7 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
     """Start the whole pipeline (prep, infer, tokenize, extract, train) under a runner on each host."""
     with fleet(inventory_name(c, inventory)) as hosts:
         names = hosts.inventory.select(control.split(dataset)) if dataset else None
-        from local import planning  # NOTE: here, so other tasks do not import it
+        from local.tasks import planning  # NOTE: here, so other tasks do not import it
 
         routes = hosts.each(lambda host, out: planning.resolve(host, control.mine(host, names)), console())  # a route that fits, or stop
         hosts.raise_failures(routes)
@@ -127,7 +127,7 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
 def plan(c: Context, inventory: str | None = None, json: bool = False) -> None:
     """Tokens per dataset, the hidden states' size, the host's disk and the route that fits."""
     with fleet(inventory_name(c, inventory)) as hosts:
-        from local import planning
+        from local.tasks import planning
 
         results = hosts.each(lambda host, out: planning.show(host, out, as_json=json), console())
     hosts.raise_failures(results)
@@ -149,10 +149,10 @@ def check(c: Context, inventory: str | None = None, install: bool = False) -> No
 @task(name="eval", help={"inventory": INVENTORY, "json": "print the report as JSON (baseline, drafts by name, ranking, best, serve, warnings)"})
 def evaluate(c: Context, inventory: str | None = None, json: bool = False) -> None:
     """Serve the target with SGLang without and with the draft per grid setting: accept length, speed-up, best flags."""
-    from local import evaluation
+    from local.tasks import evaluate
 
     with fleet(inventory_name(c, inventory)) as hosts:
-        evaluation.run(hosts.single, console(), as_json=json)
+        evaluate.run(hosts.single, console(), as_json=json)
 
 
 @task

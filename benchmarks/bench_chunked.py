@@ -39,7 +39,7 @@ EXTRACT = {"layers": [0, 1, 2], "dtype": "float32"}
 
 def settings(stage: str, values: dict[str, Any]) -> dict[str, Any]:
     """Every default of the inventory's schema under `values`, as the workstation sends them."""
-    from local.inventory import Stages
+    from local.inventory.schema import Stages
 
     model = Stages.model_fields[stage].annotation
     return {**model().model_dump(exclude={"command", "stall_after"}), **values}

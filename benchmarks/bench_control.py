@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks.link import DelayedLink
-from local import sync
-from local.host import RemoteHost
-from local.inventory import load
-from local.multiplex import Multiplexed, accepts
+from local.host import releases
+from local.host.verbs import RemoteHost
+from local.inventory.schema import load
+from local.transport.openssh import Multiplexed, accepts
 from benchmarks.harness.checkout import SCRIPTED, Bench, copy_checkout, wait_for
 from benchmarks.harness.sshd import start_server
 
@@ -89,7 +89,7 @@ def paired(action: Callable[[], object], baseline: Callable[[], object], repeat:
 
 def host_of(bench: Bench) -> RemoteHost:
     """A host over a connection of its own (paramiko), as an in-process phase: connect + commands."""
-    from local.ssh import SshTransport
+    from local.transport.paramiko_ssh import SshTransport
 
     inventory = load(str(bench.checkout / "inventories" / "test.yaml"))
     return RemoteHost(inventory, Counting(SshTransport(inventory.host)))
@@ -137,7 +137,7 @@ def on_loopback_sshd(measure: Callable[[Bench, Path, int], dict[str, Any]], repe
 def grow_tree(checkout: Path) -> None:
     """Pad `remote/` to TREE_FILES files, so deploys move a tree of a realistic size."""
     (checkout / "remote" / "tree").mkdir(exist_ok=True)
-    for index in range(TREE_FILES - len(sync.manifest(checkout))):
+    for index in range(TREE_FILES - len(releases.manifest(checkout))):
         (checkout / "remote" / "tree" / f"m{index:03d}.py").write_text(f"# module {index}\n" + "X = 1\n" * 200)
 
 
@@ -146,7 +146,7 @@ def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
     bench.scripted(DATASETS)
     ssh_true = median_seconds(lambda: subprocess.run(bench.sshd.ssh_argv("true"), check=True), repeat)
     grow_tree(bench.checkout)
-    files = sync.manifest(bench.checkout)
+    files = releases.manifest(bench.checkout)
     bench.inv("deploy")
     commands = _status_and_launch(bench, ssh_true, repeat)
     deploys = _deploys_vs_rsync(bench, work, files, repeat)
@@ -209,7 +209,7 @@ def _deploys_vs_rsync(bench: Bench, work: Path, files: dict[str, str], repeat: i
     assert bench.sshd is not None
 
     def deploy_once(host: RemoteHost) -> None:
-        sync.push(host, sync.plan(host, files), bench.checkout) if not sync.plan(host, files).is_noop else None
+        releases.push(host, releases.plan(host, files), bench.checkout) if not releases.plan(host, files).is_noop else None
 
     noop_commands = once(bench, deploy_once)
     noop = median_seconds(lambda: once(bench, deploy_once), repeat)
@@ -225,7 +225,7 @@ def _deploys_vs_rsync(bench: Bench, work: Path, files: dict[str, str], repeat: i
 
     def aerie_change() -> None:
         change_one()
-        once(bench, lambda h: sync.push(h, sync.plan(h, sync.manifest(bench.checkout)), bench.checkout))
+        once(bench, lambda h: releases.push(h, releases.plan(h, releases.manifest(bench.checkout)), bench.checkout))
 
     def rsync_change() -> None:
         change_one()
@@ -264,9 +264,9 @@ def over_link(bench: Bench, work: Path, rtt: float, repeat: int, all_ended: Call
 
 
 def _specs(bench: Bench) -> list[dict[str, Any]]:
-    from local import job_specs
+    from local.jobs import specs
 
-    return job_specs.specs(load(str(bench.checkout / "inventories" / "test.yaml")), "prep", None)
+    return specs.specs(load(str(bench.checkout / "inventories" / "test.yaml")), "prep", None)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ the command (A B A B ...) so that a machine whose speed drifts moves both:
 
 The phases beside them are timed inside one process: start-up (`inv --list`: Python,
 Invoke and tasks.py's imports), the cached validation, one command over the connection
-that the commands before left open (local/multiplex.py), and the
+that the commands before left open (local/transport/openssh.py), and the
 manifest round trip. The tree is the checkout plus filler modules, 200 files in all.
 """
 
@@ -30,9 +30,10 @@ from typing import Any, Callable
 from rich.console import Console
 
 from benchmarks.bench_control import grow_tree, median_seconds, on_loopback_sshd, paired
-from local import sync, validation
-from local.host import RemoteHost
-from local.inventory import load
+from local.host import releases
+from local.validation import samples
+from local.host.verbs import RemoteHost
+from local.inventory.schema import load
 from benchmarks.harness.checkout import Bench, wait_for
 
 FAILING = "F"  # a dataset whose job fails every time, so that each rerun relaunches one job
@@ -127,8 +128,8 @@ def phases(bench: Bench, repeat: int) -> dict[str, float]:
     quiet = Console(file=io.StringIO())
     listed = inv_argv("--list")
     startup = median_seconds(lambda: subprocess.run(listed, cwd=bench.checkout, check=True, capture_output=True), repeat)
-    validation.check(inventory, quiet, cached=True)  # this process's cache (under this checkout's .aerie) filled
-    cached = median_seconds(lambda: validation.check(inventory, quiet, cached=True), repeat)
+    samples.check(inventory, quiet, cached=True)  # this process's cache (under this checkout's .aerie) filled
+    cached = median_seconds(lambda: samples.check(inventory, quiet, cached=True), repeat)
 
     def connect() -> RemoteHost:  # rides the shared connection, as every command after the first does
         host = RemoteHost(inventory)
@@ -138,7 +139,7 @@ def phases(bench: Bench, repeat: int) -> dict[str, float]:
     connected = median_seconds(lambda: connect().close(), repeat)
     host = connect()
     try:
-        manifest = median_seconds(lambda: sync.plan(host, sync.manifest(bench.checkout)), repeat)
+        manifest = median_seconds(lambda: releases.plan(host, releases.manifest(bench.checkout)), repeat)
     finally:
         host.close()
     return {"startup_inv_list_s": startup, "validation_cached_s": cached, "one_command_s": connected,

@@ -31,7 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from local.inventory import Prep
+from local.inventory.schema import Prep
 from remote.prep.preparer import run_prep
 from remote.prep.prep_settings import PrepSettings, Target
 

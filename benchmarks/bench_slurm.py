@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 
 from benchmarks.bench_control import JOBS, median_seconds, once
-from local import job_specs
-from local.inventory import load
+from local.jobs import specs
+from local.inventory.schema import load
 from benchmarks.harness.checkout import SAMPLES, SCRIPTED, Bench, copy_checkout, wait_for
 from benchmarks.harness.slurm_cluster import start_cluster
 from benchmarks.harness.sshd import start_server
@@ -45,11 +45,11 @@ def inventory(bench: Bench, backend: str, env: dict[str, str]) -> None:
 
 
 def launch_seconds(bench: Bench) -> tuple[float, int]:
-    specs = job_specs.specs(load(str(bench.checkout / "inventories" / "test.yaml")), "prep", None)
-    commands = once(bench, lambda h: h.call("launch", specs=specs, force=True))
+    prep_specs = specs.specs(load(str(bench.checkout / "inventories" / "test.yaml")), "prep", None)
+    commands = once(bench, lambda h: h.call("launch", specs=prep_specs, force=True))
     seconds = 0.0
     wait_for(lambda: sum(j["state"] == "succeeded" for j in bench.poll().values()) == JOBS, 300, "40 jobs")
-    seconds = median_seconds(lambda: once(bench, lambda h: h.call("launch", specs=specs, force=True)), 1)
+    seconds = median_seconds(lambda: once(bench, lambda h: h.call("launch", specs=prep_specs, force=True)), 1)
     wait_for(lambda: sum(j["state"] == "succeeded" for j in bench.poll().values()) == JOBS, 300, "40 jobs again")
     return seconds, commands
 

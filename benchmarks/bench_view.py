@@ -1,6 +1,6 @@
 """The watch view (`inv status --watch`, `inv run --follow`, `inv demo`) drawn for many bad jobs.
 
-One frame at 80x24, as `local.control.refresh` draws it, for 20 to 1,000 `empty` jobs: all
+One frame at 80x24, as `local.tasks.control.refresh` draws it, for 20 to 1,000 `empty` jobs: all
 failed alike (one bug in every dataset: their errors differ only in counts, so they fold into
 one row) and each with an error of its own (they cannot fold: the rows that do not fit become
 one "... N more" row). The baseline is a plain rich table of one screenful (22 rows) drawn on
@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.bench_control import median_seconds
-from local import status_view
+from local.views import status_table
 
 COUNTS = (20, 40, 80, 160, 1000)
 NOW = 1_000_000.0
@@ -38,7 +38,7 @@ def bad_status(count: int, alike: bool) -> dict[str, Any]:
 def frame(status: dict[str, Any]) -> Callable[[], int]:
     def draw() -> int:
         console = Console(file=io.StringIO(), width=80, height=24, force_terminal=True, color_system="truecolor")
-        console.print(status_view.render(status, title="gpu:/root/eagle3-train", fit=True))
+        console.print(status_table.render(status, title="gpu:/root/eagle3-train", fit=True))
         return len(console.file.getvalue().splitlines())  # type: ignore[attr-defined]
     return draw
 

@@ -45,7 +45,7 @@ def exit_without_collecting() -> None:
     object the imports made (Invoke, rich, paramiko: about 27,000). That is about 80 ms,
     a sixth of an `inv status`. Frozen objects are not walked. Frozen cyclic garbage is
     then left for the OS to reclaim with the process. Nothing of aerie's waits on a
-    collector: files are closed by `with`, connections by `local.connections` at exit,
+    collector: files are closed by `with`, connections by `local.transport.shared` at exit,
     and the standard streams are flushed by the interpreter itself. The exit code is
     kept, because the interpreter still exits normally.
     """

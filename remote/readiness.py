@@ -9,7 +9,7 @@
   runner starts (`stages.infer.server_command`).
 
 A stage given a `command` of its own runs the user's code, which reads what it likes: its checks are
-skipped. The request is `local.planning.readiness`'s. Standard library only.
+skipped. The request is `local.tasks.planning.readiness`'s. Standard library only.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def server(prompts: list[str], url: str, managed: bool) -> dict[str, Any]:
 
 
 def checks(args: dict[str, Any]) -> list[dict[str, Any]]:
-    """The checks `args["readiness"]` names (`local.planning.readiness` builds it), in that order."""
+    """The checks `args["readiness"]` names (`local.tasks.planning.readiness` builds it), in that order."""
     asked = args.get("readiness") or {}
     root = Path(args["root"])
     results = []

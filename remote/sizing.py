@@ -153,7 +153,7 @@ def choose(offline_bytes: int, largest_record: int, budget: int, engine: str) ->
 
 
 def plan(args: dict[str, Any]) -> dict[str, Any]:
-    """The figures `inv plan` shows, from the request the workstation sends (see `local.planning`)."""
+    """The figures `inv plan` shows, from the request the workstation sends (see `local.tasks.planning`)."""
     root = Path(args["root"])
     layers, dtype = list(args["layers"]), args["dtype"]
     hidden = hidden_size(args.get("model"))

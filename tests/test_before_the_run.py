@@ -76,8 +76,8 @@ def test_a_hub_id_is_looked_up_in_the_host_s_hub_cache_and_a_target_only_there_i
 
 def test_only_the_datasets_a_run_takes_ask_for_a_server_and_a_stage_s_own_command_skips_its_checks(
         tmp_path: Path) -> None:
-    from local import planning
-    from local.inventory import load
+    from local.tasks import planning
+    from local.inventory.schema import load
 
     bench = bench_for(tmp_path)
     inventory(bench, tmp_path / "target", [0, 1, 2], {"A": "native", "B": "prompts"})
@@ -184,7 +184,7 @@ def test_deploy_names_the_file_and_line_of_a_syntax_error_in_prep_s_code(tmp_pat
 @pytest.mark.e2e
 def test_check_install_puts_pyproject_s_host_extra_into_the_host_s_python_with_pip(tmp_path: Path) -> None:
     """Real pip, offline (PIP_NO_INDEX in host.env): into this virtualenv, which has them all, it changes nothing."""
-    from local.host_packages import requirements
+    from local.host.packages import requirements
 
     bench = bench_for(tmp_path)
     bench.host_settings["env"] = {"PIP_NO_INDEX": "1"}

@@ -89,9 +89,9 @@ def test_a_syntax_error_stops_the_deploy_before_anything_is_sent(bench: Bench) -
 
 
 def test_an_interrupted_deploy_leaves_the_previous_release_whole_and_the_next_completes(bench: Bench) -> None:
-    from local import sync
-    from local.host import RemoteHost
-    from local.inventory import load
+    from local.host import releases
+    from local.host.verbs import RemoteHost
+    from local.inventory.schema import load
 
     bench.scripted({"A": "records=1"})
     bench.inv("deploy")
@@ -114,9 +114,9 @@ def test_an_interrupted_deploy_leaves_the_previous_release_whole_and_the_next_co
     inventory = load(str(bench.checkout / "inventories" / "test.yaml"))
     host = RemoteHost(inventory)
     host.transport = CutTransport(host.transport)
-    plan = sync.plan(host, sync.manifest(bench.checkout))
+    plan = releases.plan(host, releases.manifest(bench.checkout))
     with pytest.raises(Exception, match="previous release is untouched"):
-        sync.push(host, plan, bench.checkout)
+        releases.push(host, plan, bench.checkout)
     host.close()
     assert (bench.root / "current").resolve() == before
     assert not (before / "remote" / "bulk_0.py").exists()
@@ -308,7 +308,7 @@ def test_a_job_outlives_the_connection_that_launched_it(bench: Bench) -> None:
     bench.scripted({"A": "records=20 sleep=0.1"})
     bench.inv("deploy")
     bench.inv("launch", "--stage", "prep")
-    # `inv launch` has hung up; what is left is the connection kept for the next command (local/multiplex.py)
+    # `inv launch` has hung up; what is left is the connection kept for the next command (local/transport/openssh.py)
     assert bench.sshd.kill_connections() <= 1
     time.sleep(0.5)
     assert bench.wait_state("A/prep", {"succeeded"})["records"] == 20
@@ -363,22 +363,22 @@ def test_arguments_too_long_for_one_command_line_argument_travel_on_stdin(bench:
     # Linux refuses one argument over 128 KiB (MAX_ARG_STRLEN): the specs of a launch of about 120 jobs.
     if bench.slurm:
         pytest.skip("the transport is SSH's, tested here; on Slurm each refused copy would query squeue")
-    from local import job_specs
-    from local.host import RemoteHost
-    from local.inventory import load
+    from local.jobs import specs
+    from local.host.verbs import RemoteHost
+    from local.inventory.schema import load
 
     bench.scripted({"A": "records=1"})
     bench.inv("deploy")
     inventory = load(str(bench.checkout / "inventories" / "test.yaml"))
-    specs = job_specs.specs(inventory, "prep", None) * 200  # one job, 200 times: started once, refused 199 times
+    many = specs.specs(inventory, "prep", None) * 200  # one job, 200 times: started once, refused 199 times
     host, log = RemoteHost(inventory), io.BytesIO()
     try:
-        results = host.call("launch", specs=specs)
+        results = host.call("launch", specs=many)
         bench.wait_state("A/prep", {"succeeded"})
-        host.stream("logs", log, dataset="A", stage="prep", unread=specs)  # a streamed verb's arguments too
+        host.stream("logs", log, dataset="A", stage="prep", unread=many)  # a streamed verb's arguments too
     finally:
         host.close()
-    assert len(json.dumps(specs)) > 128 * 1024
+    assert len(json.dumps(many)) > 128 * 1024
     launched = [r for r in results if r["launched"]]  # whichever of the host's threads took the job's lock first
     assert len(results) == 200 and len(launched) == 1
     assert all(r["reason"].startswith("already running") for r in results if not r["launched"])

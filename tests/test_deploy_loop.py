@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from local.validation_cache import ValidationCache, keys, prep_code
+from local.validation.cache import ValidationCache, keys, prep_code
 from benchmarks.harness.checkout import REPO, SAMPLES, Bench, copy_checkout
 from tests.prep_fixtures import tiny_tokenizer_dir  # noqa: F401 (a fixture)
 from benchmarks.harness.sshd import start_server
@@ -172,7 +172,7 @@ def test_deploy_validates_only_what_changed_and_never_imports_transformers_when_
 def test_deploy_then_rerun_in_one_invocation_connects_once(tmp_path: Path, hermetic_environment: dict[str, str]) -> None:
     server = start_server(tmp_path / "sshd", environment=hermetic_environment, log_level="INFO")
     try:
-        # No connection kept between commands (local/multiplex.py): this counts what one process opens.
+        # No connection kept between commands (local/transport/openssh.py): this counts what one process opens.
         bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "ssh", server,
                       host_settings={"control_persist": 0})
         fixed = tmp_path / "fixed"

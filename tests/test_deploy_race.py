@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from local import control
+from local.tasks import control
 from local.exceptions import AerieError
-from local.host import RemoteHost
-from local.inventory import load
-from local.transport import LocalTransport
+from local.host.verbs import RemoteHost
+from local.inventory.schema import load
+from local.transport.protocol import LocalTransport
 from remote.control_plane.release import MANIFEST
 from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
 from benchmarks.harness.process_tree import descendants, process_name

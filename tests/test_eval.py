@@ -298,7 +298,7 @@ def test_the_drafts_are_checked_before_any_server_with_one_line_naming_each_bad_
 
 def test_the_inventory_names_drafts_as_it_names_datasets_and_says_draft_is_now_drafts(tmp_path: Path) -> None:
     from local.exceptions import AerieError
-    from local.inventory import load
+    from local.inventory.schema import load
 
     def inventory(eval_settings: dict) -> Path:
         path = tmp_path / "inventory.yaml"
@@ -321,8 +321,8 @@ def test_the_inventory_names_drafts_as_it_names_datasets_and_says_draft_is_now_d
 
 
 def test_inv_eval_sends_train_s_draft_under_its_default_name_or_the_drafts_named() -> None:
-    from local.evaluation import spec
-    from local.inventory import load
+    from local.tasks.evaluate import spec
+    from local.inventory.schema import load
 
     inventory = load("local")
     root = inventory.host.root
@@ -336,7 +336,7 @@ def test_the_report_shows_every_draft_ranked_with_its_flags_and_which_to_serve()
 
     from rich.console import Console
 
-    from local.evaluation import show
+    from local.tasks.evaluate import show
 
     baseline = Measurement(completion_tokens=900, verify_ct=0, seconds=10.0, requests=3)
     results = [(Server("mine", "/d/mine", Setting(3, 1, 4)), Measurement(900, 450, 12.0, 3)),
@@ -355,7 +355,7 @@ def test_the_report_shows_every_draft_ranked_with_its_flags_and_which_to_serve()
 
 
 def test_eval_refuses_to_share_the_gpu_with_a_running_pipeline_or_gpu_job() -> None:
-    from local.evaluation import gpu_holders
+    from local.tasks.evaluate import gpu_holders
 
     def job(key: str, state: str) -> dict:
         dataset, stage = key.split("/")

@@ -16,7 +16,7 @@ import pytest_socket
 
 from benchmarks.harness.sshd import SshServer
 
-LOOPBACK_ONLY_ENV = "AERIE_TEST_ONLY_LOOPBACK"  # honoured by local/commands.py
+LOOPBACK_ONLY_ENV = "AERIE_TEST_ONLY_LOOPBACK"  # honoured by local/transport/ssh_checks.py
 # Reserved for nobody in particular; if a guard were missing, the precondition checks
 # below stop the test before it sends anything here.
 OUTSIDE = ("10.255.255.1", 9)

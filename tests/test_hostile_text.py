@@ -14,7 +14,9 @@ import pytest
 from invoke import Exit
 from rich.console import Console
 
-from local import control, status_view, validation
+from local.tasks import control
+from local.views import status_table
+from local.validation import samples
 from local.cli import task
 from local.exceptions import AerieError
 from local.visible import VisibleStream, visible, visible_all
@@ -77,7 +79,7 @@ def test_the_status_table_shows_a_hostile_last_line_and_skip_reason_and_keeps_it
     status = {"now": NOW, "current_release": None, "jobs": [
         job(), job(dataset="B5", state="running", ended_at=None, exit_code=None, message=HOSTILE)]}
     console = terminal(width)
-    console.print(status_view.render(status, title="gpu:/root", fit=fit))
+    console.print(status_table.render(status, title="gpu:/root", fit=fit))
     out = console.file.getvalue()  # type: ignore[attr-defined]
     assert_harmless(out)
     assert "␛[2J␛]0;pwned␇" in out and SGR.search(out)  # shown, and aerie's styles are still there
@@ -91,7 +93,7 @@ def test_an_unreachable_hosts_message_and_a_gpus_holder_are_shown_too() -> None:
               "gpus": [{"index": 0, "utilization": 1, "memory_used": 1, "memory_total": 2, "host": "g1",
                         "held_by": [f"A1/prep{HOSTILE}"]}]}
     console = terminal(120)
-    console.print(status_view.render(status))
+    console.print(status_table.render(status))
     assert_harmless(console.file.getvalue())  # type: ignore[attr-defined]
 
 
@@ -107,7 +109,7 @@ def entry(**fields) -> dict:  # noqa: ANN003
 @pytest.mark.parametrize("width", [200, 80])
 def test_the_validation_report_shows_a_rows_hostile_keys(width: int) -> None:
     console = terminal(width)
-    validation.show(console, [entry(), entry(dataset="B5", error=f"cannot read: {HOSTILE} [bold]x[/bold]")], ["C1"])
+    samples.show(console, [entry(), entry(dataset="B5", error=f"cannot read: {HOSTILE} [bold]x[/bold]")], ["C1"])
     out = console.file.getvalue()  # type: ignore[attr-defined]
     assert_harmless(out)
     if width == 200:
@@ -135,7 +137,7 @@ def test_the_hosts_reasons_in_launch_and_stop_reports_are_shown_as_text() -> Non
 
 
 def test_an_eval_reports_warnings_and_flags_are_shown_too() -> None:
-    from local import evaluation
+    from local.tasks import evaluate
 
     config = {"num_steps": 3, "topk": 1, "num_draft_tokens": 4, "accept_length": 2.5, "tokens_per_s": 120.0,
               "speedup": 1.2, "flags": ["--x", HOSTILE]}
@@ -144,7 +146,7 @@ def test_an_eval_reports_warnings_and_flags_are_shown_too() -> None:
               "ranking": [f"d{HOSTILE}"], "best": {**config, "draft": f"d{HOSTILE}"}, "serve": f"d{HOSTILE}",
               "warnings": [f"server said {HOSTILE}"]}
     console = terminal(120)
-    evaluation.show(report, console)
+    evaluate.show(report, console)
     assert_harmless(console.file.getvalue())  # type: ignore[attr-defined]
 
 

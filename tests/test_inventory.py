@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from local.exceptions import AerieError
-from local.inventory import REPO, load
+from local.inventory.schema import REPO, load
 
 
 def write(tmp_path: Path, text: str) -> str:
@@ -94,7 +94,7 @@ def test_every_value_in_the_host_command_is_quoted(tmp_path: Path) -> None:
     """Values reach the host's shell quoted: a hostile one stays one word (the inventory refuses bad env names)."""
     import shlex
 
-    from local.host import RemoteHost
+    from local.host.verbs import RemoteHost
 
     inventory = load(write(tmp_path, "backend: local\nhost: {root: '/r o;ot', python: 'py thon', env: {K: 'v; touch x'}}\n"))
     command = RemoteHost(inventory).command("status", {"datasets": ["a'b"]})

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from local import inventory, inventory_cache, job_specs
+from local.inventory import schema
+from local.inventory import loader
+from local.jobs import specs
 from local.exceptions import AerieError
-from local.inventory_cache import load
+from local.inventory.loader import load
 from benchmarks.harness.checkout import REPO
 
 MULTI = """\
@@ -28,20 +30,20 @@ datasets:
 """
 
 
-def both(tmp_path: Path, text: str) -> tuple[inventory.Inventory, inventory.Inventory, Path]:
+def both(tmp_path: Path, text: str) -> tuple[schema.Inventory, schema.Inventory, Path]:
     path = tmp_path / "inv.yaml"
     path.write_text(text)
     cache = tmp_path / "cache"
     load(str(path), cache)  # validates and stores
-    return inventory.load(str(path)), load(str(path), cache), cache
+    return schema.load(str(path)), load(str(path), cache), cache
 
 
 @pytest.mark.parametrize("name", ["local", "gpu"])
 def test_a_cached_inventory_reads_like_the_validated_one(tmp_path: Path, name: str) -> None:
-    real = inventory.load(name)
+    real = schema.load(name)
     load(name, tmp_path)
     cached = load(name, tmp_path)
-    assert isinstance(cached, inventory_cache.CachedInventory) and cached._real is None  # read back, not validated
+    assert isinstance(cached, loader.CachedInventory) and cached._real is None  # read back, not validated
     assert cached.model_dump() == real.model_dump() and cached.path == real.path
     assert cached.host.model_dump_json() == cached.host.model_dump_json()
     assert cached.host.root == real.host.root and cached.host.env == real.host.env
@@ -50,7 +52,7 @@ def test_a_cached_inventory_reads_like_the_validated_one(tmp_path: Path, name: s
     assert {n: d.model_dump() for n, d in cached.datasets.items()} == {n: d.model_dump() for n, d in real.datasets.items()}
     assert list(cached.views()) == [""] and cached.views()[""] is cached and not cached.is_multi_host
     assert cached.stage("extract").model_dump() == real.stage("extract").model_dump()
-    assert job_specs.all_specs(cached) == job_specs.all_specs(real) and cached.select(None) == real.select(None)
+    assert specs.all_specs(cached) == specs.all_specs(real) and cached.select(None) == real.select(None)
     assert cached._real is None  # all of the above without pydantic's models (`inv launch` needs no more)
 
 
@@ -87,22 +89,22 @@ def test_a_corrupt_cache_entry_is_ignored_and_replaced(tmp_path: Path) -> None:
 
 
 def test_the_key_covers_the_schema_code() -> None:
-    assert {p.name for p in inventory_cache.SCHEMA_CODE} == {"inventory.py", "paths.py"}
-    assert all(p.is_file() for p in inventory_cache.SCHEMA_CODE)
+    assert {p.name for p in loader.SCHEMA_CODE} == {"schema.py", "paths.py"}
+    assert all(p.is_file() for p in loader.SCHEMA_CODE)
 
 
 def test_a_deploy_path_import_leaves_pydantic_and_yaml_alone() -> None:
     # tasks.py and what `inv deploy` runs, with a cached inventory: no schema, no YAML parser of ours.
-    code = ("import sys, tasks; from local import inventory_cache, validation, sync, fleet; "
-            "print(sorted(m for m in ('pydantic', 'local.inventory', 'transformers', 'torch') if m in sys.modules))")
+    code = ("import sys, tasks; from local.inventory import loader; from local.validation import samples; from local.host import releases, fleet; "
+            "print(sorted(m for m in ('pydantic', 'local.inventory.schema', 'transformers', 'torch') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 
 
 def test_the_task_list_loads_no_ssh_library_schema_or_rich() -> None:
     # What every `inv` command pays before its task runs; each task imports what it needs.
-    code = ("import sys, tasks; print(sorted(m for m in ('paramiko', 'fabric', 'pydantic', 'rich', 'local.sync', "
-            "'local.validation') if m in sys.modules))")
+    code = ("import sys, tasks; print(sorted(m for m in ('paramiko', 'fabric', 'pydantic', 'rich', 'local.host.releases', "
+            "'local.validation.samples') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 

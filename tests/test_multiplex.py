@@ -1,4 +1,4 @@
-"""One SSH connection kept between `inv` commands (local/multiplex.py), against a real sshd and OpenSSH client."""
+"""One SSH connection kept between `inv` commands (local/transport/openssh.py), against a real sshd and OpenSSH client."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Iterator
 
 import pytest
 
-from local.inventory import load
-from local.multiplex import Multiplexed
+from local.inventory.schema import load
+from local.transport.openssh import Multiplexed
 from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
 from benchmarks.harness.sshd import SshServer, start_server
 
@@ -115,7 +115,7 @@ def bench_ssh(tmp_path: Path, sshd: SshServer) -> Bench:
 
 
 def test_the_ssh_command_line_carries_the_inventory_s_view_of_the_host(tmp_path: Path) -> None:
-    from local.inventory import Host
+    from local.inventory.schema import Host
 
     host = Host(address="gpubox", port=2222, user="root", identity="~/keys/id", known_hosts=str(tmp_path / "kh"),
                 ssh_config="none", root="/r", connect_timeout=7.4, keepalive=9)

@@ -129,7 +129,7 @@ def test_the_pipeline_finishes_after_the_laptop_disconnects(bench: Bench, free_p
     assert bench.sshd.kill_connections() >= 1  # the laptop's link drops mid-run
     _, err = follower.communicate(timeout=60)
     # Dropped during a refresh, the follower says so in one line; dropped between two, it connects
-    # again (local/multiplex.py) and follows to the end. Never a traceback.
+    # again (local/transport/openssh.py) and follows to the end. Never a traceback.
     assert "Traceback" not in err
     assert follower.returncode == 0 or "connection was lost" in err, err
     jobs = wait_pipeline(bench)

@@ -138,8 +138,8 @@ def test_inv_plan_and_inv_run_s_refusal_through_the_real_tasks(tmp_path: Path) -
 
 
 def pipeline_for(route: str, engine: str = "aerie") -> list[dict]:
-    from local import graph
-    from local.inventory import Inventory
+    from local.jobs import pipeline
+    from local.inventory.schema import Inventory
 
     inventory = Inventory.model_validate({
         "backend": "local", "host": {"root": "/r"},
@@ -149,7 +149,7 @@ def pipeline_for(route: str, engine: str = "aerie") -> list[dict]:
             if engine == "specforge" else {})}},
         "datasets": {"A1": {"source": "a", "kind": "native"}, "B5": {"source": "b", "kind": "prompts"}},
     })
-    return graph.graph(inventory, None, route)
+    return pipeline.graph(inventory, None, route)
 
 
 def test_the_chunked_route_replaces_the_extracts_and_the_train_with_one_job_after_every_prep() -> None:
@@ -216,7 +216,7 @@ def test_inv_plan_s_table_says_unknown_where_no_run_measured_the_time_and_hours_
 
     from rich.console import Console
 
-    from local.planning import costs_table
+    from local.tasks.planning import costs_table
 
     model = kimi_config(tmp_path / "kimi")
     prep_manifest(tmp_path, "A1", 40_000, 120_000_000)

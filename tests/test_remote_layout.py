@@ -20,7 +20,7 @@ from remote.control_plane import layout
 REPO = Path(__file__).resolve().parents[1]
 LAYOUT = REPO / "remote" / "control_plane" / "layout.py"
 STATES = REPO / "remote" / "control_plane" / "states.py"
-#: Sent to the host as source text and run on its own (local/host.py), so it cannot import the layout:
+#: Sent to the host as source text and run on its own (local/host/verbs.py), so it cannot import the layout:
 #: its own spelling is checked against the layout's below instead.
 RELEASE = REPO / "remote" / "control_plane" / "release.py"
 

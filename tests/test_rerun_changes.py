@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from local import graph, job_specs
-from local.inventory import load
+from local.jobs import pipeline
+from local.jobs import specs
+from local.inventory.schema import load
 from remote.control_plane import spec_changes
 
 
@@ -24,14 +25,14 @@ def inventory(tmp_path: Path, layers: list[int], url: str = "http://127.0.0.1:1/
 
 def named(before: object, after: object, route: str = "offline") -> dict[str, list[str]]:
     """Every job's changes between two inventories' pipelines, as a rerun prints them (path names only)."""
-    old = spec_changes_by_key(graph.runner_spec(before, None, route))
-    new = spec_changes_by_key(graph.runner_spec(after, None, route))
+    old = spec_changes_by_key(pipeline.runner_spec(before, None, route))
+    new = spec_changes_by_key(pipeline.runner_spec(after, None, route))
     found = {}
     for key, spec in new.items():
         dataset, _, stage = key.partition("/")
         changes = spec_changes.changes(old[key], spec)
         if changes:
-            found[key] = [f"{job_specs.inventory_key(dataset, stage, path)} {a} -> {b}" for path, a, b in changes]
+            found[key] = [f"{specs.inventory_key(dataset, stage, path)} {a} -> {b}" for path, a, b in changes]
     return found
 
 
@@ -57,7 +58,7 @@ def test_the_chunked_routes_job_names_both_stages_settings(tmp_path: Path) -> No
 def test_the_same_inventory_changes_nothing_and_bookkeeping_is_not_a_setting(tmp_path: Path) -> None:
     same = inventory(tmp_path, [2, 30, 58])
     assert named(same, same) == {}
-    spec = job_specs.spec(same, "A1", "prep")
+    spec = specs.spec(same, "A1", "prep")
     assert spec_changes.changes(spec | {"after": ["x"], "order": 3, "built_from": {}}, spec) == []
 
 
@@ -68,7 +69,7 @@ def test_the_same_inventory_changes_nothing_and_bookkeeping_is_not_a_setting(tmp
     (["slurm", "partition"], "slurm.partition"),
 ])
 def test_every_part_of_a_spec_has_an_inventory_name(path: list[str], name: str) -> None:
-    assert job_specs.inventory_key("A1", "tokenize", path) == name  # tokenize runs with prep's settings
+    assert specs.inventory_key("A1", "tokenize", path) == name  # tokenize runs with prep's settings
 
 
 def test_a_key_one_spec_lacks_is_a_change_from_or_to_nothing() -> None:
@@ -88,7 +89,7 @@ def test_a_rerun_rebuilds_the_last_runs_pipeline_and_not_one_whose_dataset_is_go
 
     from rich.console import Console
 
-    from local import control
+    from local.tasks import control
 
     now = inventory(tmp_path, [1, 2, 3])
     console = Console(file=io.StringIO())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from local.inventory import Stage, Stages
+from local.inventory.schema import Stage, Stages
 from remote.eagle3 import StageInputError
 from remote.eagle3.extract_settings import ExtractSettings
 from remote.eagle3.train_settings import TrainSettings
@@ -26,7 +26,7 @@ SCHEMA_KEYS = sorted({key for field in Stages.model_fields.values() for key in f
 #: The schema's keys a stage's settings class leaves out, and why: any other key of the schema is in the class.
 NOT_IN_THE_CLASS = {
     "prep": set(),
-    # the managed inference server's: `local.graph.server_settings` sends them to `remote.server`, not to the stage
+    # the managed inference server's: `local.jobs.pipeline.server_settings` sends them to `remote.server`, not to the stage
     "infer": {"server_command", "server_start_timeout", "server_env"},
     # draft_config: read with train's by `remote.eagle3.draft_config`; route: `inv plan`'s, on the workstation;
     # disk_budget and passes: the chunked driver's (`remote.orchestration.chunked`), unset unless given
@@ -48,7 +48,7 @@ def test_every_stage_of_the_schema_has_a_typed_settings_class_on_the_host() -> N
 
 @pytest.mark.parametrize("stage", HOST_SETTINGS)
 def test_a_stage_s_settings_class_has_every_key_of_its_schema_but_those_named_as_read_elsewhere(stage: str) -> None:
-    """A key added to `local.inventory` must be added to the host's class too, or named here with the reason."""
+    """A key added to `local.inventory.schema` must be added to the host's class too, or named here with the reason."""
     schema = set(Stages.model_fields[stage].annotation.model_fields) - set(Stage.model_fields)
     fields = {f.name for f in dataclasses.fields(HOST_SETTINGS[stage])}
     assert fields == schema - NOT_IN_THE_CLASS[stage]
@@ -158,7 +158,7 @@ def test_the_hosts_typed_settings_have_required_fields_only_and_all_are_in_the_s
     fields = dataclasses.fields(HOST_SETTINGS[stage])
     with_default = [f.name for f in fields if f.default is not dataclasses.MISSING
                     or f.default_factory is not dataclasses.MISSING]
-    assert with_default == [], f"{stage}: a second default for {with_default}: declare it in local/inventory.py only"
+    assert with_default == [], f"{stage}: a second default for {with_default}: declare it in local/inventory/schema.py only"
     schema = Stages.model_fields[stage].annotation.model_fields
     assert [f.name for f in fields if f.name not in schema] == []
 
@@ -210,13 +210,13 @@ def test_a_missing_setting_is_named_in_one_line() -> None:
 
 
 def test_the_job_spec_carries_every_setting_of_its_stage(tmp_path: Path) -> None:
-    from local import job_specs
-    from local.inventory import load
+    from local.jobs import specs
+    from local.inventory.schema import load
 
     inventory = load("local")
     for stage in Stages.model_fields:
         name = next(iter(inventory.datasets))
-        sent = job_specs.spec(inventory, name, stage)["config"]["stage"]
+        sent = specs.spec(inventory, name, stage)["config"]["stage"]
         declared = set(Stages.model_fields[stage].annotation.model_fields) - {"command", "stall_after"}
         assert declared <= set(sent), f"{stage}: the spec lacks {declared - set(sent)}"
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from benchmarks.harness.stage_settings import complete
-from local.inventory import default_grid
+from local.inventory.schema import default_grid
 from remote.eagle3 import server_check
 from remote.eagle3 import checkpoint, draft_config
 from remote.eagle3.model import Eagle3Draft
@@ -112,7 +112,7 @@ def test_a_config_file_is_passed_through_with_a_warning(tiny_target: Path, draft
 def test_sglang_silently_rewrites_a_grid_point_the_inventory_refuses(sglang, tiny_target: Path, draft: Path) -> None:
     from pydantic import ValidationError
 
-    from local.inventory import GridPoint
+    from local.inventory.schema import GridPoint
 
     argv = ["--model-path", str(tiny_target), "--device", "cpu", *Setting(3, 1, 7).flags(str(draft))]
     assert sglang.call("resolve", argv)["args"]["speculative_num_draft_tokens"] == 4  # not 7: why aerie refuses it

@@ -339,7 +339,7 @@ def write_inventory(tmp_path: Path, extract: dict, train: dict) -> Path:
 
 def test_the_inventory_names_every_setting_the_online_specforge_route_lacks_in_one_line(tmp_path: Path) -> None:
     from local.exceptions import AerieError
-    from local.inventory import load
+    from local.inventory.schema import load
 
     path = write_inventory(tmp_path, {"route": "online", "layers": [2, 30, 58]}, {})
     with pytest.raises(AerieError) as error:
@@ -361,7 +361,7 @@ def test_the_inventory_names_every_setting_the_online_specforge_route_lacks_in_o
 ])
 def test_the_inventory_refuses_states_specforge_cannot_train_on(tmp_path: Path, extract: dict, expected: str) -> None:
     from local.exceptions import AerieError
-    from local.inventory import load
+    from local.inventory.schema import load
 
     with pytest.raises(AerieError) as error:
         load(str(write_inventory(tmp_path, extract, {})))
@@ -373,9 +373,9 @@ def test_inv_run_on_the_auto_route_refuses_online_specforge_without_its_settings
 ) -> None:
     from types import SimpleNamespace
 
-    from local import planning
+    from local.tasks import planning
     from local.exceptions import AerieError
-    from local.inventory import load
+    from local.inventory.schema import load
 
     inventory = load(str(write_inventory(tmp_path, {"route": "auto"}, {})))  # fine while the route is unknown
     host = SimpleNamespace(name="local", root=inventory.host.root, inventory=inventory)

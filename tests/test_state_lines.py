@@ -12,7 +12,9 @@ from typing import Any, Callable
 
 from rich.console import Console
 
-from local import control, state_lines, status_data
+from local.tasks import control
+from local.views import state_lines
+from local.views import status_data
 
 NOW = 1_000_000.0
 STAMP = re.compile(r"^\d\d:\d\d:\d\d ")

@@ -6,7 +6,8 @@ import io
 
 from rich.console import Console
 
-from local import status_data, status_view
+from local.views import status_data
+from local.views import status_table
 from remote.control_plane.states import BAD, JobState
 
 NOW = 1_000_000.0
@@ -21,7 +22,7 @@ def job(**fields) -> dict:  # noqa: ANN003
 
 def render(status: dict, width: int = 120, height: int = 24, fit: bool = False, title: str | None = None) -> str:
     console = Console(file=io.StringIO(), width=width, height=height, force_terminal=False, color_system=None)
-    console.print(status_view.render(status, title=title, fit=fit))
+    console.print(status_table.render(status, title=title, fit=fit))
     return console.file.getvalue()  # type: ignore[attr-defined]
 
 
@@ -51,12 +52,12 @@ def test_the_table_shows_counts_top_skip_reason_rate_elapsed_and_an_old_release(
 
 
 def test_headers_are_the_documented_columns_in_order() -> None:
-    assert [c.header for c in status_view.COLUMNS] == [
+    assert [c.header for c in status_table.COLUMNS] == [
         "dataset", "stage", "state", "records", "skipped", "rate", "elapsed", "eta", "release", "last line / error"]
 
 
 def test_every_state_has_a_colour_and_the_bad_ones_make_status_fail() -> None:
-    assert set(status_view.STATE_STYLES) == set(JobState)
+    assert set(status_table.STATE_STYLES) == set(JobState)
     assert BAD == {JobState.FAILED, JobState.DIED, JobState.EMPTY, JobState.STALLED, JobState.BROKEN, JobState.BLOCKED}
     for state in JobState:
         assert status_data.any_bad({"jobs": [job(state=state.value)]}) == (state in BAD)
@@ -165,24 +166,24 @@ def test_the_note_states_only_what_the_numbers_do_not() -> None:
     prep = job(state="succeeded", records=2, metrics={"rows": 2, "tokens": 626}, message="kept 2 of 2 rows, 626 tokens")
     infer = job(stage="infer", metrics={"concurrency": 24, "tokens_per_s": 1234.0, "retries": 0, "truncated": 3},
                 message="answering prompts")
-    view = status_view.View(NOW, None)
-    assert status_view.message(prep, view).plain == "kept 2 of 2 rows, 626 tokens"
-    assert status_view.message(infer, view).plain == "c=24 1,234 tok/s truncated=3 answering prompts"
+    view = status_table.View(NOW, None)
+    assert status_table.message(prep, view).plain == "kept 2 of 2 rows, 626 tokens"
+    assert status_table.message(infer, view).plain == "c=24 1,234 tok/s truncated=3 answering prompts"
 
 
 def test_the_summary_counts_states_in_lifecycle_order_with_tokens_per_second_and_the_longest_eta() -> None:
     status = {"jobs": [job(state="succeeded"), job(eta_s=70.0, metrics={"tokens_per_s": 100.0}),
                        job(eta_s=4000.0, metrics={"tokens_per_s": 50.5}), job(state="failed")]}
-    assert [line.plain for line in status_view.summary(status)] == [
+    assert [line.plain for line in status_table.summary(status)] == [
         "ETA 1h06m · 150 tok/s · 4 jobs: 2 running, 1 succeeded, 1 failed"]
-    assert [line.plain for line in status_view.summary(status, width=60)] == [
+    assert [line.plain for line in status_table.summary(status, width=60)] == [
         "ETA 1h06m · 150 tok/s", "4 jobs: 2 running, 1 succeeded, 1 failed"]
 
 
 def test_gpus_are_grouped_by_holder_with_utilisation_range_and_memory() -> None:
     gpus = [{"index": i, "utilization": u, "memory_used": 40960, "memory_total": 81920, "held_by": h}
             for i, u, h in [(0, 90, ["A1/extract"]), (1, 99, ["A1/extract"]), (3, 0, [])]]
-    assert [line.plain for line in status_view.gpu_lines(gpus)] == [
+    assert [line.plain for line in status_table.gpu_lines(gpus)] == [
         "GPUs 0-1: util 90-99%, mem 80/160 GiB, A1/extract",
         "GPU 3: util 0%, mem 40/80 GiB, idle",
     ]
@@ -201,23 +202,23 @@ def test_json_has_eta_and_the_gpus_each_job_holds() -> None:
 def test_a_job_blocked_behind_a_failure_says_so_and_what_to_do() -> None:
     blocked = job(stage="extract", state="blocked", blocked_by=["A1/prep"], message="blocked by A1/prep (failed)")
     gpu = job(state="waiting", waiting_for=["B5/extract"], message="the GPU is in use")
-    view = status_view.View(NOW, None)
-    assert status_view.message(blocked, view).plain == (
+    view = status_table.View(NOW, None)
+    assert status_table.message(blocked, view).plain == (
         "blocked by A1/prep (failed); fix that, then `inv rerun --failed`")
-    assert status_view.message(gpu, view).plain == "waits for the GPU (B5/extract)"
+    assert status_table.message(gpu, view).plain == "waits for the GPU (B5/extract)"
 
 
 def test_empty_and_stopped_rows_give_a_next_step() -> None:
-    view = status_view.View(NOW, None)
+    view = status_table.View(NOW, None)
     empty = job(dataset="B5", stage="infer", state="empty", message="exit 0, 0 records")
-    assert status_view.message(empty, view).plain == (
+    assert status_table.message(empty, view).plain == (
         "exit 0, 0 records; `inv logs B5 --stage infer` says why; fix it, then `inv rerun --failed`")
     stopped = job(state="stopped", message="stopped by inv stop")
-    assert status_view.message(stopped, view).plain == (
+    assert status_table.message(stopped, view).plain == (
         "stopped by inv stop; `inv launch --stage prep -d A1` starts it again")
     runner = job(dataset="pipeline", stage="run", state="stopped", message="stopped by inv stop")
-    assert status_view.message(runner, view).plain.endswith("; `inv run` starts the pipeline again")
-    assert status_view.message(job(state="succeeded", message="kept 2 of 2"), view).plain == "kept 2 of 2"
+    assert status_table.message(runner, view).plain.endswith("; `inv run` starts the pipeline again")
+    assert status_table.message(job(state="succeeded", message="kept 2 of 2"), view).plain == "kept 2 of 2"
 
 
 def test_a_datasets_stages_are_listed_in_pipeline_order_not_alphabetically() -> None:
@@ -238,7 +239,7 @@ def test_values_are_shown_as_they_are_never_read_as_markup() -> None:
 
 
 def test_the_column_widths_given_to_rich_are_the_ones_it_would_measure_at_any_terminal_width(monkeypatch) -> None:  # noqa: ANN001
-    # status_view gives rich the width of each column that never wraps, so that rich does not measure every
+    # the status table gives rich the width of each column that never wraps, so that rich does not measure every
     # cell again (a fifth of drawing 40 rows): the table must come out as rich alone would lay it out.
     status = {"now": NOW, "current_release": {"g1": "20261129-111111-bbbb2222", "東京-2": "20261129-111111-bbbb2222"},
               "jobs": [job(host="g1", records=2500, skip_reasons={"no assistant turn": 7}, skipped=7, message="step 3"),
@@ -247,11 +248,11 @@ def test_the_column_widths_given_to_rich_are_the_ones_it_would_measure_at_any_te
               "unreachable": [{"host": "g3", "message": "no SSH answer within 10 s: is the host up? " * 2}]}
     given = [render(status, width) for width in (200, 120, 80, 50)] + [render(status, 80, 9, fit=True)]
 
-    class Measuring(status_view.Table):  # rich measuring every cell itself
+    class Measuring(status_table.Table):  # rich measuring every cell itself
         def add_column(self, *args, width=None, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
             super().add_column(*args, **kwargs)
 
-    monkeypatch.setattr(status_view, "Table", Measuring)
+    monkeypatch.setattr(status_table, "Table", Measuring)
     assert given == [render(status, width) for width in (200, 120, 80, 50)] + [render(status, 80, 9, fit=True)]
     assert "東京-2" in given[0] and "unreachable" in given[0]
 
@@ -298,8 +299,8 @@ def test_a_thousand_different_errors_fit_the_screen_with_a_row_that_counts_the_r
 
 def test_the_watch_draws_one_table_and_counts_its_lines_right_at_any_size(monkeypatch) -> None:  # noqa: ANN001
     drawn = []
-    table = status_view.StatusView.table
-    monkeypatch.setattr(status_view.StatusView, "table", lambda self, *a, **k: drawn.append(1) or table(self, *a, **k))
+    table = status_table.StatusView.table
+    monkeypatch.setattr(status_table.StatusView, "table", lambda self, *a, **k: drawn.append(1) or table(self, *a, **k))
     for status in (pipeline_status(), bad_jobs(40, alike=False), bad_jobs(300)):
         for width in (50, 80, 120, 200):
             for height in (12, 16, 24, 40):

@@ -9,10 +9,10 @@ import pytest
 import yaml
 from rich.console import Console
 
-from local import validation
+from local.validation import samples
 from local.exceptions import AerieError
-from local.inventory import load
-from local.validation_cache import ValidationCache
+from local.inventory.schema import load
+from local.validation.cache import ValidationCache
 from remote.prep.validate import validate as validate_on_host
 from benchmarks.harness.checkout import Bench, copy_checkout
 
@@ -25,7 +25,7 @@ def inventory(tmp_path: Path, datasets: dict) -> Path:
 
 
 def test_a_missing_file_is_named_by_the_key_the_user_wrote(tmp_path: Path) -> None:
-    asked = validation.request(load(str(inventory(tmp_path, {
+    asked = samples.request(load(str(inventory(tmp_path, {
         "S": {"source": "inventories/samples/absent.jsonl", "kind": "native"},
         "T": {"source": "org/hub-id", "kind": "native", "sample": "absent.jsonl"}}))))
     errors = {entry["dataset"]: entry["error"] for entry in validate_on_host(asked)}
@@ -52,11 +52,11 @@ def test_datasets_that_fail_alike_are_one_clause_of_the_error(tmp_path: Path, mo
     names = [f"D{i:04d}" for i in range(1000)] + ["odd"]
     inv = load(str(inventory(tmp_path, {name: {"source": "x.jsonl", "kind": "native"} for name in names})))
     failing = {"kind": "native", "formats": {}, "rows": 3, "kept": 0, "skipped": 3, "error": None}
-    monkeypatch.setattr(validation, "validate", lambda inventory, asked=None: [
+    monkeypatch.setattr(samples, "validate", lambda inventory, asked=None: [
         {**failing, "dataset": name, "skip_reasons": {"no conversations field (keys: id, text)": 3}} for name in names[:-1]
     ] + [{**failing, "dataset": "odd", "skip_reasons": {}, "error": "datasets.odd.source: x.jsonl is not a file here"}])
     with pytest.raises(AerieError) as raised:
-        validation.check(inv, Console(file=io.StringIO(), width=200), cache=ValidationCache(tmp_path / "cache"))
+        samples.check(inv, Console(file=io.StringIO(), width=200), cache=ValidationCache(tmp_path / "cache"))
     assert str(raised.value) == (
         "datasets that would give zero records: D0000, D0001, D0002, D0003, D0004, D0005, D0006, D0007 and 992 more "
         "(no conversations field (keys: id, text)); odd (datasets.odd.source: x.jsonl is not a file here)")

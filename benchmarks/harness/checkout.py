@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import yaml
 
-from local.host import RemoteHost
-from local.inventory import load
+from local.host.verbs import RemoteHost
+from local.inventory.schema import load
 from benchmarks.harness.sshd import SshServer
 
 REPO = Path(__file__).resolve().parents[2]

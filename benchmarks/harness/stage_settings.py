@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from local.inventory import Stages
+from local.inventory.schema import Stages
 
 
 def complete(stage: str, settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`settings` over the schema's defaults for `stage` (tokenize is prep), as `local.job_specs.spec` sends them;
+    """`settings` over the schema's defaults for `stage` (tokenize is prep), as `local.jobs.specs.spec` sends them;
     a job that is not an inventory stage (the chunked route's driver) gets `settings` as they are."""
     if stage != "tokenize" and stage not in Stages.model_fields:
         return dict(settings or {})

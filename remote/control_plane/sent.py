@@ -1,7 +1,7 @@
 """One `remote` verb run from the workstation's own sources, sent on stdin: where nothing is deployed yet.
 
 Self-contained (standard library, no imports from `remote` until the sources are in place): the
-workstation sends this file's source with ``python3 -c`` (local/host.py, `RemoteHost.call_sent`), as
+workstation sends this file's source with ``python3 -c`` (local/host/verbs.py, `RemoteHost.call_sent`), as
 it sends release.py for a deploy, so that `inv check` and `inv plan` work on a host that has never
 had a deploy -- the first thing a user runs on a new host -- and run the checkout's code, not an
 older release's. Stdin: one JSON line (the verb's arguments), then zlib-compressed JSON of

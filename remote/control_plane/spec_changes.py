@@ -2,7 +2,7 @@
 edited in the inventory since, told back so that a rerun says what it runs with.
 
 Standard library only (the control plane's rule). The workstation names each path as an inventory
-key (`local.job_specs.inventory_key`); here a change is only ``[path, before, after]``.
+key (`local.jobs.specs.inventory_key`); here a change is only ``[path, before, after]``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ succeeded. It outlives the SSH session like every job, and a second runner
 (after `inv rerun --failed`) adopts the jobs and the server it finds, and starts
 the failed and blocked ones again.
 
-The plan, built by the workstation (local/graph.py), is a list of nodes::
+The plan, built by the workstation (local/jobs/pipeline.py), is a list of nodes::
 
     {"key": "A1/extract", "needs": ["A1/prep"], "gpu": true, "server": false, "spec": {...}}
 """

@@ -1,7 +1,7 @@
 """What a task asks an inventory besides its values, answered once for both of its forms.
 
-An inventory is either the pydantic model (`local.inventory.Inventory`, just validated) or
-its values read back from the cache (`local.inventory_cache`), which must not import
+An inventory is either the pydantic model (`local.inventory.schema.Inventory`, just validated) or
+its values read back from the cache (`local.inventory.loader`), which must not import
 pydantic. Both read their values as attributes, so these answers need nothing else.
 """
 

@@ -3,10 +3,10 @@
 Importing pydantic and building the inventory's models is about a fifth of what
 `inv deploy` costs as typed. An inventory that validated is kept as compact JSON
 under .aerie/cache/inventory/, keyed by its file's bytes and path and the schema's
-code (local/inventory.py); while they are unchanged, `load` reads that JSON back.
+code (local/inventory/schema.py); while they are unchanged, `load` reads that JSON back.
 
 What comes back reads like the models: attributes, `model_dump`, `model_dump_json`,
-what `local.inventory_queries` answers for both (`stage`, `select`, `views`, `executor`),
+what `local.inventory.queries` answers for both (`stage`, `select`, `views`, `executor`),
 and `slurm.for_stage`. Anything else (e.g. `assignment()`, or an unknown
 dataset's refusal) is answered by the real pydantic model, built from the cached values
 the first time it is needed.
@@ -20,17 +20,17 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from local.inventory_queries import InventoryQueries
+from local.inventory.queries import InventoryQueries
 from local.paths import REPO, resolve_path, write_replacing
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from local.inventory import Inventory
+    from local.inventory.schema import Inventory
 
 CACHE = REPO / ".aerie" / "cache" / "inventory"
 #: What decides how a file becomes an inventory: the schema, its defaults, and `load`'s rules.
-SCHEMA_CODE = (REPO / "local" / "inventory.py", REPO / "local" / "paths.py")
+SCHEMA_CODE = (REPO / "local" / "inventory" / "schema.py", REPO / "local" / "paths.py")
 
 
 class Record:
@@ -63,9 +63,9 @@ class Record:
 
     def _model(self) -> BaseModel:
         if self._real is None:
-            from local import inventory  # NOTE: pydantic, only for what the cache cannot answer
+            from local.inventory import schema  # NOTE: pydantic, only for what the cache cannot answer
 
-            self._real = getattr(inventory, self._shape["class"]).model_validate(self._given)
+            self._real = getattr(schema, self._shape["class"]).model_validate(self._given)
         return self._real
 
     def model_dump(self, *, exclude: set[str] | None = None, **options: Any) -> dict[str, Any]:
@@ -110,7 +110,7 @@ class CachedInventory(InventoryQueries, Record):
 
 
 class SlurmResources:
-    """`inventory.slurm`, whose `for_stage` answers from the cache."""
+    """`schema.slurm`, whose `for_stage` answers from the cache."""
 
     def __init__(self, record: Record, by_stage: dict[str, dict[str, Any]]) -> None:
         self.record, self.by_stage = record, by_stage
@@ -123,7 +123,7 @@ class SlurmResources:
 
 
 def load(name_or_path: str, cache: Path = CACHE) -> Inventory:
-    """`local.inventory.load`, validated once per version of the file and of the schema."""
+    """`local.inventory.schema.load`, validated once per version of the file and of the schema."""
     path = resolve_path(name_or_path)
     try:
         key = _key(path)
@@ -133,9 +133,9 @@ def load(name_or_path: str, cache: Path = CACHE) -> Inventory:
         stored = _read(cache / f"{key}.json", path)
         if stored is not None:
             return stored  # type: ignore[return-value]
-    from local import inventory
+    from local.inventory import schema
 
-    real = inventory.load(name_or_path)
+    real = schema.load(name_or_path)
     data, given = real.model_dump(mode="json"), real.model_dump(mode="json", exclude_unset=True)
     shape = shape_of(type(real))
     derived = {"slurm": {stage: real.slurm.for_stage(stage) for stage in data["stages"]}}

@@ -1,6 +1,6 @@
 """The first connection to a host: paramiko through Fabric, with its host-key checks and one-line errors.
 
-Imported only when a command has no shared OpenSSH connection to use (local/multiplex.py):
+Imported only when a command has no shared OpenSSH connection to use (local/transport/openssh.py):
 paramiko and its cryptography cost more to import than a multiplexed command takes.
 """
 
@@ -14,10 +14,11 @@ import paramiko
 from fabric import Config, Connection
 
 from local.exceptions import AerieError
-from local.commands import Result, known_hosts, refuse_non_loopback
+from local.transport.process import Result
+from local.transport.ssh_checks import known_hosts, refuse_non_loopback
 
 if TYPE_CHECKING:
-    from local.inventory import Host
+    from local.inventory.schema import Host
 
 
 class UnknownHostKey(paramiko.SSHException):
@@ -52,7 +53,7 @@ class SshTransport:
 
     @property
     def is_dropped(self) -> bool:
-        """Opened once and lost since: to be replaced rather than reused (local/connections.py)."""
+        """Opened once and lost since: to be replaced rather than reused (local/transport/shared.py)."""
         return self._connection is not None and not self._connection.is_connected
 
     def _fabric_config(self) -> Config:

@@ -15,11 +15,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from local import job_specs, validation
+from local.jobs import specs
+from local.validation import samples
 from local.exceptions import AerieError
-from local.host import RemoteHost
+from local.host.verbs import RemoteHost
 from local.visible import visible_all
-from local.inventory import Inventory
+from local.inventory.schema import Inventory
 from remote.eagle3.target_memory import decimal
 from remote.sizing import engine_refusal, size_text, refusal
 
@@ -29,7 +30,7 @@ def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]
     extract, train, prep = inventory.stages.extract, inventory.stages.train, inventory.stages.prep
     return {
         "root": root, "readiness": readiness(inventory, root, names),
-        "model": job_specs.on_host(inventory.target.model_dump(), root)["model"],
+        "model": specs.on_host(inventory.target.model_dump(), root)["model"],
         "layers": extract.layers, "dtype": extract.dtype, "disk_budget": extract.disk_budget,
         "route": extract.route, "engine": train.engine, "extract_engine": extract.engine, "max_length": prep.max_length,
         "epochs": train.epochs, "passes": extract.passes or train.epochs, "resident": extract.command is None,
@@ -47,7 +48,7 @@ def readiness(inventory: Inventory, root: str, names: list[str] | None = None) -
     """What `remote/readiness.py` checks before a run of `names` (default: every dataset): the target and its
     tokenizer, the layer ids against it, an inference server for prompts datasets. A stage with a `command`
     of its own runs the user's code: its checks are left out."""
-    stages, target = inventory.stages, job_specs.on_host(inventory.target.model_dump(), root)
+    stages, target = inventory.stages, specs.on_host(inventory.target.model_dump(), root)
     chosen = inventory.select(names) if inventory.datasets else []
     prompts = [name for name in chosen if inventory.datasets[name].kind == "prompts"]
     checks = [name for name, wanted in (("tokenizer", chosen and stages.prep.command is None),
@@ -61,7 +62,7 @@ def readiness(inventory: Inventory, root: str, names: list[str] | None = None) -
 def estimates(inventory: Inventory) -> dict[str, dict[str, Any]]:
     """`inv validate`'s figures per dataset (rows, kept, mean_tokens over its sample); {} when it cannot run."""
     try:
-        entries = validation.validate(inventory)
+        entries = samples.validate(inventory)
     except AerieError:
         return {}
     return {e["dataset"]: {k: e.get(k) for k in ("rows", "kept", "mean_tokens")} for e in entries if not e["error"]}

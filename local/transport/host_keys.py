@@ -8,7 +8,7 @@ from pathlib import Path
 import paramiko
 
 from local.exceptions import AerieError
-from local.ssh import SshTransport, ssh_socket
+from local.transport.paramiko_ssh import SshTransport, ssh_socket
 
 
 def known_hosts_name(address: str, port: int) -> str:

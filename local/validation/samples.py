@@ -13,19 +13,19 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from local import job_specs
+from local.jobs import specs
 from local.exceptions import AerieError
-from local import validation_cache
+from local.validation.cache import ValidationCache, keys
 from local.visible import visible, visible_all
 from local.paths import INVENTORIES, REPO
-from local.transport import LocalTransport
+from local.transport.protocol import LocalTransport
 from remote.control_plane.wire import decode
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from local.inventory import Inventory
+    from local.inventory.schema import Inventory
 
 
 def sample_of(inventory: Inventory, name: str) -> str:
@@ -42,7 +42,7 @@ def sample_of(inventory: Inventory, name: str) -> str:
 def request(inventory: Inventory) -> dict[str, Any]:
     target = inventory.target.model_dump()
     if inventory.host is not None:  # `{root}`: the one host's (on the local backend, this machine's)
-        target = job_specs.on_host(target, inventory.host.root)
+        target = specs.on_host(target, inventory.host.root)
     return {
         "target": target,
         "stage": inventory.stages.prep.model_dump(exclude={"command", "stall_after"}),
@@ -70,7 +70,7 @@ def validate(inventory: Inventory, names: list[str] | None = None) -> list[dict[
     try:
         return decode(result.stdout)
     except ValueError:
-        from local.sync import check_sources  # NOTE: only here: a syntax error's file and line, which prep's
+        from local.host.releases import check_sources  # NOTE: only here: a syntax error's file and line, which prep's
         check_sources()                       # traceback ends without (`SyntaxError: invalid syntax`)
         raise AerieError(f"inv validate could not run prep here: {(result.stderr.strip() or 'no output').splitlines()[-1]}")
 
@@ -109,14 +109,14 @@ def _learned(entry: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def check(inventory: Inventory, console: Console, as_json: bool = False, cached: bool = False,
-          cache: validation_cache.ValidationCache | None = None) -> list[dict[str, Any]]:
+          cache: ValidationCache | None = None) -> list[dict[str, Any]]:
     """Validate and show; an `AerieError` names every dataset that would give zero records.
 
-    `cached`: a dataset that passed with the same inputs before (see local/validation_cache.py)
+    `cached`: a dataset that passed with the same inputs before (see local/validation/cache.py)
     is not validated again, and is only named. Every pass is stored either way.
     """
-    cache = cache or validation_cache.ValidationCache()
-    key = validation_cache.keys(request(inventory))
+    cache = cache or ValidationCache()
+    key = keys(request(inventory))
     reused = {name: cache.get(key[name], name) for name in inventory.datasets} if cached else {}
     reused = {name: entry for name, entry in reused.items() if entry is not None}
     fresh = validate(inventory, [n for n in inventory.datasets if n not in reused]) if len(reused) < len(key) else []

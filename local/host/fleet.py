@@ -13,16 +13,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
-from local.connections import shared
+from local.transport.shared import shared
 from local.exceptions import AerieError
-from local.host import RemoteHost
-from local.inventory_cache import load
+from local.host.verbs import RemoteHost
+from local.inventory.loader import load
 from local.visible import visible
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from local.inventory import Inventory
+    from local.inventory.schema import Inventory
 
 T = TypeVar("T")
 

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from local.exceptions import AerieError
-from local.inventory_queries import InventoryQueries
+from local.inventory.queries import InventoryQueries
 from local.paths import ENV_NAME, INVENTORIES, REPO, resolve_path  # noqa: F401 (also this module's API)
 from remote.control_plane.states import DRAFT, RUNNER
 
@@ -45,7 +45,7 @@ class Host(Strict):
     connect_timeout: float = 10.0
     keepalive: int = 15
     control_persist: float = Field(600.0, ge=0, description="seconds an idle shared OpenSSH connection stays "
-                                   "open for the next command (local/multiplex.py); 0: every command connects anew")
+                                   "open for the next command (local/transport/openssh.py); 0: every command connects anew")
     env: dict[str, str] = Field(default_factory=dict, description="set for aerie's commands there, e.g. SLURM_CONF")
 
     @model_validator(mode="after")
@@ -297,7 +297,7 @@ class Target(Strict):
 
 
 class Deploy(Strict):
-    """What `inv deploy` sends to the host and keeps there (local/sync.py, remote/control_plane/release.py)."""
+    """What `inv deploy` sends to the host and keeps there (local/host/releases.py, remote/control_plane/release.py)."""
 
     ship: list[str] = Field(default_factory=list, description="more of this checkout to send beside remote/ and "
                             "inventories/samples/: files or folders relative to the checkout, e.g. [scripts]")

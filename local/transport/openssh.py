@@ -7,7 +7,7 @@ same way) keeps one connection open in the background for `host.control_persist`
 seconds after its last use, and each later command is a new session on it: a fork of
 `ssh`, no handshake, and no paramiko to import.
 
-The first command to a host still connects with paramiko (local/ssh.py): its host-key
+The first command to a host still connects with paramiko (local/transport/paramiko_ssh.py): its host-key
 checks, `inv trust` and one-line errors stay the only way in. Once it is authenticated,
 an OpenSSH master is started beside it with the same identity, port, ssh_config and
 known_hosts (checked strictly, never prompting), so the next command finds it. The
@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from local.exceptions import AerieError
-from local.commands import Result, known_hosts, refuse_non_loopback, run_process
+from local.transport.process import Result, run_process
+from local.transport.ssh_checks import known_hosts, refuse_non_loopback
 
 if TYPE_CHECKING:
-    from local.inventory import Host
+    from local.inventory.schema import Host
 
 #: ssh's own exit code when the connection (not the remote command) failed.
 SSH_FAILED = 255
@@ -45,7 +46,7 @@ class Multiplexed:
     def __init__(self, host: Host) -> None:
         self.host = host
         self.name = host.address or "?"
-        self._direct: Any = None  # local.ssh.SshTransport, once a command needed it
+        self._direct: Any = None  # local.transport.paramiko_ssh.SshTransport, once a command needed it
         self._masters: list[subprocess.Popen[bytes]] = []
         self.socket = control_dir() / _key(host)
 
@@ -77,7 +78,7 @@ class Multiplexed:
 
     def _paramiko(self) -> Any:
         if self._direct is None:
-            from local.ssh import SshTransport  # here: paramiko is the slow part of a command's start-up
+            from local.transport.paramiko_ssh import SshTransport  # here: paramiko is the slow part of a command's start-up
 
             self._direct = SshTransport(self.host)
             self._direct.connection()  # authenticated, its key checked: now OpenSSH may keep one open

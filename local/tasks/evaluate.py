@@ -13,9 +13,9 @@ import time
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, Callable
 
-from local import job_specs
+from local.jobs import specs
 from local.exceptions import AerieError
-from local.graph import GPU_STAGES
+from local.jobs.pipeline import GPU_STAGES
 from local.visible import visible, visible_all
 from remote.control_plane import layout
 from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, JobState
@@ -23,8 +23,8 @@ from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, JobState
 if TYPE_CHECKING:  # the schema and rich load only when `inv eval` runs, not with every task
     from rich.console import Console
 
-    from local.host import RemoteHost
-    from local.inventory import Inventory
+    from local.host.verbs import RemoteHost
+    from local.inventory.schema import Inventory
 
 STAGE = "eval"
 KEY = layout.job_key(DRAFT, STAGE)
@@ -48,8 +48,8 @@ def spec(inventory: Inventory) -> dict[str, Any]:
     return {
         "dataset": DRAFT, "stage": STAGE, "command": settings.command, "source": "", "kind": "native",
         "stall_after": settings.stall_after, "log_limit": settings.log_limit,
-        "config": {"stage": job_specs.on_host(stage, root),
-                   "inventory": {"target": job_specs.on_host(inventory.target.model_dump(), root)}},
+        "config": {"stage": specs.on_host(stage, root),
+                   "inventory": {"target": specs.on_host(inventory.target.model_dump(), root)}},
     }
 
 

@@ -9,7 +9,7 @@ run takes (`stages.extract.route`; for ``auto``, the one `inv plan` finds fits):
   and the train, needing every dataset's prep (tokenize for a prompts dataset);
 - ``online``: no extract; ``draft/train`` (SpecForge with the target alongside) needs the prep outputs.
 
-Each job's spec is built whole, once, by `local.job_specs.spec` or here for the draft's jobs.
+Each job's spec is built whole, once, by `local.jobs.specs.spec` or here for the draft's jobs.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from local.job_specs import on_host, placement, spec, stage_config
+from local.jobs.specs import on_host, placement, spec, stage_config
 from remote.control_plane import layout
 from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE
 
 if TYPE_CHECKING:
-    from local.inventory import Inventory
+    from local.inventory.schema import Inventory
 
 GPU_STAGES = {"infer", "extract", "train"}
 

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from local.exceptions import AerieError, NotDeployed
 from local.paths import ENV_NAME, REPO
-from local.commands import Result
-from local.transport import Transport, open_transport
+from local.transport.process import Result
+from local.transport.protocol import Transport, open_transport
 from remote.control_plane.wire import decode
 
 if TYPE_CHECKING:
-    from local.inventory import Inventory
+    from local.inventory.schema import Inventory
 
 NOT_DEPLOYED = 90  # the exit code of the guard in front of every job command
 #: Verbs whose code is the standard library only: their Python starts with -S, since a host

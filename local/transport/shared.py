@@ -12,11 +12,11 @@ import atexit
 import threading
 from typing import TYPE_CHECKING, BinaryIO
 
-from local.commands import Result
-from local.transport import Transport, open_transport
+from local.transport.process import Result
+from local.transport.protocol import Transport, open_transport
 
 if TYPE_CHECKING:
-    from local.inventory import Host
+    from local.inventory.schema import Host
 
 _open: dict[str, Transport] = {}
 _lock = threading.Lock()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from local.inventory import Inventory
+    from local.inventory.schema import Inventory
 
 
 def spec(inventory: Inventory, dataset: str, stage: str, inputs: list[str] | None = None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from local.status_data import Job, in_pipeline_order
+from local.views.status_data import Job, in_pipeline_order
 from local.visible import visible
 from remote.control_plane.states import JobState
 
@@ -72,7 +72,7 @@ def _line(job: Job) -> str:
 
 
 def _summary(state: dict[str, Any], where: str = "") -> str:
-    from local.status_view import summary  # rich: the summary's words are the table's own
+    from local.views.status_table import summary  # rich: the summary's words are the table's own
 
     return f"{time.strftime('%H:%M:%S')} {where}" + " · ".join(text.plain for text in summary(state))
 

@@ -33,7 +33,7 @@ from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from local.status_data import UNREACHABLE, Job, in_pipeline_order, next_step
+from local.views.status_data import UNREACHABLE, Job, in_pipeline_order, next_step
 from local.visible import visible, visible_all
 from remote.control_plane.states import RUNNER_STAGE, JobState
 

@@ -1,4 +1,4 @@
-"""How commands reach the host: a subprocess here, or SSH there (local/multiplex.py, local/ssh.py).
+"""How commands reach the host: a subprocess here, or SSH there (local/transport/openssh.py, local/transport/paramiko_ssh.py).
 
 Both backends run a shell command line, feed it bytes on stdin and hand back
 its exit code and output; `stream` copies stdout as it arrives (`inv logs -f`).
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
-from local.commands import Result, run_process
+from local.transport.process import Result, run_process
 
-if TYPE_CHECKING:  # the schema (pydantic) stays unimported on the fast path: local/inventory_cache.py
-    from local.inventory import Host
+if TYPE_CHECKING:  # the schema (pydantic) stays unimported on the fast path: local/inventory/loader.py
+    from local.inventory.schema import Host
 
 
 class Transport(Protocol):
@@ -38,6 +38,6 @@ def open_transport(host: Host) -> Transport:
     """SSH to a host with an address; this machine for one without (backend local, a local Slurm login node)."""
     if not host.address:
         return LocalTransport()
-    from local.multiplex import Multiplexed  # here: the local backend never needs SSH
+    from local.transport.openssh import Multiplexed  # here: the local backend never needs SSH
 
     return Multiplexed(host)

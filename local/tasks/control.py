@@ -7,17 +7,19 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from local import graph, job_specs, status_data
+from local.jobs import pipeline
+from local.jobs import specs
+from local.views import status_data
 from local.cli import RICH_SYNTAX
 from local.exceptions import AerieError
-from local.host import RemoteHost
+from local.host.verbs import RemoteHost
 from local.visible import VisibleStream, visible
 from remote.control_plane.states import BAD, DRAFT, RUNNER, RUNNER_STAGE, JobState
 
 if TYPE_CHECKING:  # rich is imported where a table or a live view is drawn: not for a deploy that sends nothing
     from rich.console import Console
 
-    from local.inventory import Inventory
+    from local.inventory.schema import Inventory
 
 
 CHECK_STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red"}
@@ -47,10 +49,10 @@ def mine(host: RemoteHost, datasets: list[str] | None) -> list[str] | None:
 
 def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | None:
     """Send what changed to one host (`inv deploy` has validated the inventory's data first)."""
-    from local import sync  # here, as validation below: `inv status` and `inv launch` need neither
+    from local.host import releases  # here, as validation below: `inv status` and `inv launch` need neither
 
-    plan = sync.plan(host, sync.manifest(ship=host.inventory.deploy.ship))
-    sync.check_sources(paths=plan.send)
+    plan = releases.plan(host, releases.manifest(ship=host.inventory.deploy.ship))
+    releases.check_sources(paths=plan.send)
     where = f"{host.name}:{host.root}"
     if plan.is_noop:
         console.print(_line(f"Nothing to deploy: {where} runs release {visible(str(plan.base))}, identical to this checkout."))
@@ -68,9 +70,9 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | N
         console.print(_line(f"Dry run: would deploy {summary} to {where} (now {visible(str(plan.base or 'nothing'))}); "
                             f"it sends {_shipped(host.inventory.deploy.ship)}."))
         return None
-    answer = sync.push(host, plan)
+    answer = releases.push(host, plan)
     release, pruned = answer["id"], answer.get("pruned", [])
-    live = sync.current_release(host)  # read after the switch: a deploy from elsewhere may have followed it
+    live = releases.current_release(host)  # read after the switch: a deploy from elsewhere may have followed it
     if live.get("files") != plan.files:
         raise AerieError(f"{where}: another deploy replaced release {release} before this one ended; the host runs "
                          f"{visible(str(live.get('id')))}, not this checkout: `inv deploy` again to send it")
@@ -82,7 +84,7 @@ def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | N
 
 
 def _shipped(ship: list[str]) -> str:
-    from local.sync import SHIPPED
+    from local.host.releases import SHIPPED
 
     return ", ".join(f"{top}/" for top in SHIPPED) + (f" and deploy.ship: {visible(', '.join(ship))}" if ship else
                                                       " (add your own files with deploy.ship in the inventory)")
@@ -94,7 +96,7 @@ def launch(host: RemoteHost, console: Console, stage: str, datasets: list[str] |
     names = mine(host, datasets)
     if names == [] or not host.inventory.datasets:
         return []
-    results = host.call("launch", specs=job_specs.specs(host.inventory, stage, names), force=force)
+    results = host.call("launch", specs=specs.specs(host.inventory, stage, names), force=force)
     report(console, [_with_force_hint(r) for r in results], "launched")
     return results
 
@@ -112,7 +114,7 @@ def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages
     names = mine(host, datasets)
     if names == []:
         return []
-    request = {"specs": job_specs.all_specs(inventory), "states": sorted(s.value for s in BAD), "datasets": names,
+    request = {"specs": specs.all_specs(inventory), "states": sorted(s.value for s in BAD), "datasets": names,
                "stages": stages}
     results = host.call("rerun", **request, rebuild=True)
     if isinstance(results, dict):  # the host asks for the last `inv run`'s pipeline, rebuilt: then it reruns
@@ -140,7 +142,7 @@ def rebuilt_pipeline(host: RemoteHost, console: Console, last: dict[str, Any]) -
     if route not in ("auto", last["route"]):
         console.print(_line((f"note: stages.extract.route is now {route}; this rerun keeps the last run's route, "
                              f"{visible(last['route'])} (`inv run` takes the new one)", "yellow")))
-    return {"runner": graph.runner_spec(inventory, last["datasets"], last["route"])}
+    return {"runner": pipeline.runner_spec(inventory, last["datasets"], last["route"])}
 
 
 def report_changes(console: Console, relaunched: list[dict[str, Any]]) -> None:
@@ -151,7 +153,7 @@ def report_changes(console: Console, relaunched: list[dict[str, Any]]) -> None:
     changes = [(key, change) for r in relaunched for key, found in (r.get("changes") or {}).items() for change in found]
     for key, (path, before, after) in changes:
         dataset, _, stage = key.partition("/")
-        console.print(_line(f"  {visible(key)}: {visible(job_specs.inventory_key(dataset, stage, path))} "
+        console.print(_line(f"  {visible(key)}: {visible(specs.inventory_key(dataset, stage, path))} "
                             f"{_setting(before)} -> {_setting(after)}"))
     if relaunched and not changes:
         console.print("No setting changed since these jobs last ran.")
@@ -179,7 +181,7 @@ def run(host: RemoteHost, console: Console, datasets: list[str] | None, route: s
     names = mine(host, datasets)
     if names == [] or not host.inventory.datasets:
         return {}
-    spec = graph.runner_spec(host.inventory, names, route)
+    spec = pipeline.runner_spec(host.inventory, names, route)
     answer = host.call("run", spec=spec)
     if "queued" in answer:
         report(console, answer["queued"], "submitted")
@@ -201,18 +203,18 @@ def refresh(fetch: Callable[[], dict[str, Any]], console: Console, title: str, i
     the screen. Without a terminal, a line per change of state instead, until the run ends."""
     from rich.live import Live
 
-    from local import status_view
+    from local.views import status_table
 
     if not console.is_terminal:
         return lines_until_ended(fetch, console, title, interval, until or _all_ended)
     until = until or (lambda state: False)
     state = fetch()
-    with Live(status_view.render(state, title=title, fit=True), console=console, auto_refresh=False) as live:
+    with Live(status_table.render(state, title=title, fit=True), console=console, auto_refresh=False) as live:
         try:
             while not until(state):
                 time.sleep(interval)
                 state = fetch()
-                live.update(status_view.render(state, title=title, fit=True), refresh=True)
+                live.update(status_table.render(state, title=title, fit=True), refresh=True)
         except KeyboardInterrupt:
             pass
     if not console.is_terminal:  # NOTE: rich ends the last frame with a line break only on a terminal
@@ -232,11 +234,12 @@ def outcome(state: dict[str, Any]) -> str:
 
 def lines_until_ended(fetch: Callable[[], dict[str, Any]], console: Console, title: str, interval: float,
                       until: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-    """The watch without a terminal (local/state_lines.py), then the whole table once, as `inv status` prints it."""
-    from local import state_lines, status_view
+    """The watch without a terminal (local/views/state_lines.py), then the whole table once, as `inv status` prints it."""
+    from local.views import state_lines
+    from local.views import status_table
 
     state = state_lines.follow(fetch, console, title, interval, until)
-    console.print(status_view.render(state, title=title))
+    console.print(status_table.render(state, title=title))
     return state
 
 
@@ -253,13 +256,13 @@ def _all_ended(state: dict[str, Any]) -> bool:
 def check(host: RemoteHost, console: Console, install: bool = False) -> list[dict[str, Any]]:
     """The host's checks, run from this checkout's code sent along (`call_sent`): nothing needs to be deployed.
     `install`: first install pyproject's `host` extra into the host's Python."""
-    from local import planning
+    from local.tasks import planning
 
     inventory = host.inventory
     if install:
-        from local import host_packages
+        from local.host import packages
 
-        wanted = host_packages.requirements()
+        wanted = packages.requirements()
         console.print(_line(f"installing into {visible(host.python)} on {host.name}: {' '.join(wanted)}"))
         out = VisibleStream(sys.stdout.buffer)  # pip's words, as the host's: shown, never obeyed
         try:
@@ -268,7 +271,7 @@ def check(host: RemoteHost, console: Console, install: bool = False) -> list[dic
             out.close()
     results = host.call_sent("check", layers=inventory.stages.extract.layers, dtype=inventory.stages.extract.dtype,
                              datasets=list(inventory.datasets),
-                             model=job_specs.on_host(inventory.target.model_dump(), host.root)["model"],
+                             model=specs.on_host(inventory.target.model_dump(), host.root)["model"],
                              server_url=inventory.stages.infer.server_url,
                              readiness=planning.readiness(inventory, host.root),
                              extract_engine=inventory.stages.extract.engine)
@@ -287,13 +290,13 @@ def check(host: RemoteHost, console: Console, install: bool = False) -> list[dic
 
 def demo(host: RemoteHost, console: Console) -> dict[str, Any]:
     """The whole pipeline on the embedded `local` inventory, with a tiny target built offline."""
-    from local import validation
+    from local.validation import samples
 
     # NOTE: the target first, from the sources sent (nothing need be deployed): the validation before the
     # deploy counts tokens with its tokenizer, which is not there until it is built.
     built = host.call_sent("assets")
     console.print(_line(f"{'built' if built['built'] else 'reusing'} the tiny target in {visible(built['path'])}"))
-    validation.check(host.inventory, console)
+    samples.check(host.inventory, console)
     deploy(host, console)
     run(host, console, None, host.inventory.stages.extract.route)  # auto, unresolved: offline
     state = follow(lambda: host.call("status"), console, f"{host.name}:{host.root}")  # its last frame stays
@@ -312,7 +315,7 @@ def accept_line(state: dict[str, Any], inventory: Inventory) -> str | None:
     steps = inventory.stages.train.eval_steps
     return (f"draft: held-out accept length {metrics['accept_length']:.3f} of at most {steps + 1} "
             f"(1.0: the draft is useless), over {metrics.get('eval_positions', 0):,} positions of records it never "
-            f"trained on; the draft is {graph.host_output(inventory, DRAFT, 'train')}/draft")
+            f"trained on; the draft is {pipeline.host_output(inventory, DRAFT, 'train')}/draft")
 
 
 def report(console: Console, results: list[dict[str, Any]], verb: str) -> None:
@@ -344,8 +347,8 @@ def status(fetch: Callable[[], dict[str, Any]], console: Console, title: str, as
         state = fetch()
         print(json.dumps(status_data.as_json(state), indent=2))
         return state
-    state, status_view = while_importing(fetch, "local.status_view")  # rich: for the table only
-    console.print(status_view.render(state, title=title))
+    state, status_table = while_importing(fetch, "local.views.status_table")  # rich: for the table only
+    console.print(status_table.render(state, title=title))
     return state
 
 
@@ -410,8 +413,8 @@ def stop(host: RemoteHost, console: Console, datasets: list[str] | None, stages:
 def trust(inventory: Inventory, console: Console, expect: str | None, yes: bool) -> None:
     if inventory.host is None or not inventory.host.address:
         raise AerieError(f"{inventory.path}: trust works on one host reached over SSH (set host.address)")
-    from local import host_keys  # here: paramiko, which no other task imports before it connects
-    from local.ssh import SshTransport
+    from local.transport import host_keys  # here: paramiko, which no other task imports before it connects
+    from local.transport.paramiko_ssh import SshTransport
 
     transport = SshTransport(inventory.host)
     name, key = host_keys.scan(transport)

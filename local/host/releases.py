@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from local.exceptions import AerieError
-from local.host import RemoteHost
+from local.host.verbs import RemoteHost
 from local.paths import REPO
 from remote.control_plane.release import MANIFEST
 from remote.control_plane.wire import CLOSE, OPEN, decode

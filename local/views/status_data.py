@@ -1,6 +1,6 @@
 """What a status payload says, apart from how it is drawn: whether any job went bad, and the
 `inv status --json` form. No rich here: `--json` and the tasks that only need `any_bad`
-never import it (local/status_view.py draws the table).
+never import it (local/views/status_table.py draws the table).
 """
 
 from __future__ import annotations
