@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from invoke import Collection, Context, Exit
 
-from local.tasks import control
-from local.cli import console, exit_without_collecting, inventory_name, task
+from local.cli import exit_without_collecting, inventory_name, number, split, task
+from local.console import console
 from local.host.fleet import fleet
 from local.inventory.loader import load
+from local.tasks import deployment, host_trust, job_verbs, pipeline_run, status_query
+from local.views import live
 from local.views.status_data import any_bad
 
 exit_without_collecting()  # a command ends about 80 ms sooner (see there)
@@ -37,7 +39,7 @@ def deploy(c: Context, inventory: str | None = None, dry_run: bool = False, reva
 
     with fleet(inventory_name(c, inventory)) as hosts:
         samples.check(hosts.inventory, console(), cached=not revalidate)
-        hosts.raise_failures(hosts.each(lambda host, out: control.deploy(host, out, dry_run), console()))
+        hosts.raise_failures(hosts.each(lambda host, out: deployment.deploy(host, out, dry_run), console()))
 
 
 @task(help={"stage": "the stage to run: prep, infer, extract or train", "dataset": DATASET, "inventory": INVENTORY,
@@ -46,18 +48,18 @@ def launch(c: Context, stage: str, dataset: str | None = None, inventory: str | 
     """Start one detached job per dataset for a stage."""
     with fleet(inventory_name(c, inventory)) as hosts:
         hosts.inventory.stage(stage)  # an unknown stage or dataset is refused before anything runs
-        hosts.inventory.select(control.split(dataset))
+        hosts.inventory.select(split(dataset))
         hosts.raise_failures(hosts.each(
-            lambda host, out: control.launch(host, out, stage, control.split(dataset), force), console()))
+            lambda host, out: job_verbs.launch(host, out, stage, split(dataset), force), console()))
 
 
 @task(help={"inventory": INVENTORY, "json": "print a JSON list instead of the table",
             "watch": "refresh the table in place every N seconds (Ctrl-C ends)"})
 def status(c: Context, inventory: str | None = None, json: bool = False, watch: str = "") -> None:
     """Every job's state, records, rate and last line, from one remote command per host."""
-    every = control.number(watch, "--watch", float) if watch else 0.0
+    every = number(watch, "--watch", float) if watch else 0.0
     with fleet(inventory_name(c, inventory)) as hosts:
-        state = control.status(hosts.status, console(), hosts.title, as_json=json, watch=every)
+        state = status_query.status(hosts.status, console(), hosts.title, as_json=json, watch=every)
     if any_bad(state):
         raise Exit(code=1)
 
@@ -68,10 +70,10 @@ def rerun(c: Context, failed: bool = True, dataset: str | None = None, stage: st
           inventory: str | None = None) -> None:
     """Relaunch exactly the jobs that failed, died, came out empty, stalled or were blocked behind them, on the current release."""
     with fleet(inventory_name(c, inventory)) as hosts:
-        names, stages = hosts.inventory.select(control.split(dataset)) if dataset else None, control.split(stage)
+        names, stages = hosts.inventory.select(split(dataset)) if dataset else None, split(stage)
         for one in stages or []:
             hosts.inventory.stage(one)
-        hosts.raise_failures(hosts.each(lambda host, out: control.rerun(host, out, names, stages), console()))
+        hosts.raise_failures(hosts.each(lambda host, out: job_verbs.rerun(host, out, names, stages), console()))
 
 
 @task(help={"dataset": "the dataset whose log to show", "stage": "its stage; default: the latest started",
@@ -81,9 +83,9 @@ def rerun(c: Context, failed: bool = True, dataset: str | None = None, stage: st
 def logs(c: Context, dataset: str, stage: str | None = None, n: str = "50", follow: bool = False, raw: bool = False,
          inventory: str | None = None) -> None:
     """Print the end of a job's log, or follow it; control characters shown unless --raw."""
-    lines = control.number(n, "-n", int)
+    lines = number(n, "-n", int)
     with fleet(inventory_name(c, inventory)) as hosts:
-        control.logs(hosts.host_of(dataset), dataset, stage, lines, follow, raw=raw)
+        job_verbs.logs(hosts.host_of(dataset), dataset, stage, lines, follow, raw=raw)
 
 
 @task(help={"dataset": "comma-separated dataset names (or --all)", "all": "stop every job",
@@ -94,9 +96,9 @@ def stop(c: Context, dataset: str | None = None, all: bool = False, stage: str |
     if not (dataset or all):
         raise Exit("aerie: name the datasets to stop (inv stop -d A1,B5) or pass --all", code=2)
     with fleet(inventory_name(c, inventory)) as hosts:
-        names, stages = control.split(dataset), control.split(stage)
-        control.refuse_unknown(hosts.inventory, names)  # as launch and logs do, before anything is stopped
-        hosts.raise_failures(hosts.each(lambda host, out: control.stop(host, out, names, stages), console()))
+        names, stages = split(dataset), split(stage)
+        job_verbs.refuse_unknown(hosts.inventory, names)  # as launch and logs do, before anything is stopped
+        hosts.raise_failures(hosts.each(lambda host, out: job_verbs.stop(host, out, names, stages), console()))
 
 
 @task(help={"inventory": INVENTORY, "fingerprint": "trust only if the key's SHA256 fingerprint is this",
@@ -104,23 +106,23 @@ def stop(c: Context, dataset: str | None = None, all: bool = False, stage: str |
 def trust(c: Context, inventory: str | None = None, fingerprint: str | None = None, yes: bool = False) -> None:
     """Show the host's key fingerprint and add it to known_hosts when you confirm."""
     for view in load(inventory_name(c, inventory)).views().values():  # each host of the inventory
-        control.trust(view, console(), fingerprint, yes)
+        host_trust.trust(view, console(), fingerprint, yes)
 
 
 @task(help={"dataset": DATASET, "inventory": INVENTORY, "follow": "show the table (without a terminal: a line per change) until the pipeline ends; exit 1 unless it succeeded"})
 def run(c: Context, dataset: str | None = None, inventory: str | None = None, follow: bool = False) -> None:
     """Start the whole pipeline (prep, infer, tokenize, extract, train) under a runner on each host."""
     with fleet(inventory_name(c, inventory)) as hosts:
-        names = hosts.inventory.select(control.split(dataset)) if dataset else None
+        names = hosts.inventory.select(split(dataset)) if dataset else None
         from local.tasks import planning  # NOTE: here, so other tasks do not import it
 
-        routes = hosts.each(lambda host, out: planning.resolve(host, control.mine(host, names)), console())  # a route that fits, or stop
+        routes = hosts.each(lambda host, out: planning.resolve(host, job_verbs.mine(host, names)), console())  # a route that fits, or stop
         hosts.raise_failures(routes)
-        hosts.raise_failures(hosts.each(lambda host, out: control.run(host, out, names, routes[hosts.name_of(host)]),
+        hosts.raise_failures(hosts.each(lambda host, out: pipeline_run.run(host, out, names, routes[hosts.name_of(host)]),
                                         console()))
-        ended = control.follow(hosts.status, console(), hosts.title) if follow else None
+        ended = live.follow(hosts.status, console(), hosts.title) if follow else None
     if ended is not None and any_bad(ended):  # blocked jobs and their failures, and what to do next
-        raise Exit(f"aerie: {control.outcome(ended)}", code=1)
+        raise Exit(f"aerie: {pipeline_run.outcome(ended)}", code=1)
 
 
 @task(help={"inventory": INVENTORY, "json": "print the figures as JSON"})
@@ -139,8 +141,10 @@ def plan(c: Context, inventory: str | None = None, json: bool = False) -> None:
             "install": "first pip install what the stages import (pyproject's `host` extra) into host.python"})
 def check(c: Context, inventory: str | None = None, install: bool = False) -> None:
     """Check the host before a run: Python and packages, GPUs, disk, the target, layer ids, the inference server."""
+    from local.tasks import host_checks
+
     with fleet(inventory_name(c, inventory)) as hosts:
-        results = hosts.each(lambda host, out: control.check(host, out, install), console())
+        results = hosts.each(lambda host, out: host_checks.check(host, out, install), console())
     hosts.raise_failures(results)
     if any(r["status"] == "fail" for checks in results.values() for r in checks):
         raise Exit(code=1)
@@ -149,17 +153,17 @@ def check(c: Context, inventory: str | None = None, install: bool = False) -> No
 @task(name="eval", help={"inventory": INVENTORY, "json": "print the report as JSON (baseline, drafts by name, ranking, best, serve, warnings)"})
 def evaluate(c: Context, inventory: str | None = None, json: bool = False) -> None:
     """Serve the target with SGLang without and with the draft per grid setting: accept length, speed-up, best flags."""
-    from local.tasks import evaluate
+    from local.tasks import evaluation
 
     with fleet(inventory_name(c, inventory)) as hosts:
-        evaluate.run(hosts.single, console(), as_json=json)
+        evaluation.run(hosts.single, console(), as_json=json)
 
 
 @task
 def demo(c: Context) -> None:
     """Run the whole pipeline on the embedded `local` inventory with a tiny model built offline."""
     with fleet("local") as hosts:
-        state = control.demo(hosts.single, console())
+        state = pipeline_run.demo(hosts.single, console())
     if any_bad(state):
         raise Exit("aerie: the demo did not finish cleanly; see the table above and `inv logs`", code=1)
 
@@ -169,8 +173,9 @@ def demo(c: Context) -> None:
 def bench(c: Context, only: str | None = None, json: bool = False) -> None:
     """Measure speed as ratios to baselines run alongside (see docs/benchmarks.md)."""
     import benchmarks.run
+    from local.views import tables
 
-    control.print_figures(benchmarks.run.run(control.split(only)), console(), as_json=json)
+    tables.print_figures(benchmarks.run.run(split(only)), console(), as_json=json)
 
 
 ns = Collection(validate, deploy, launch, status, rerun, logs, stop, trust, run, check, evaluate, demo, bench, plan)

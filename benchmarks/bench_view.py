@@ -1,6 +1,6 @@
 """The watch view (`inv status --watch`, `inv run --follow`, `inv demo`) drawn for many bad jobs.
 
-One frame at 80x24, as `local.tasks.control.refresh` draws it, for 20 to 1,000 `empty` jobs: all
+One frame at 80x24, as `local.views.live.refresh` draws it, for 20 to 1,000 `empty` jobs: all
 failed alike (one bug in every dataset: their errors differ only in counts, so they fold into
 one row) and each with an error of its own (they cannot fold: the rows that do not fit become
 one "... N more" row). The baseline is a plain rich table of one screenful (22 rows) drawn on

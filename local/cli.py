@@ -1,23 +1,18 @@
-"""Glue between Invoke and aerie: a `task` decorator that turns user mistakes into one line."""
+"""Glue between Invoke and aerie: a `task` decorator that turns user mistakes into one line, and the flags'
+parsing (a typo is one line, never Invoke's traceback)."""
 
 from __future__ import annotations
 
 import atexit
 import functools
 import gc
-import os
-import re
-import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import invoke
 from invoke import Context, Exit
 
 from local.exceptions import AerieError
 from local.visible import visible
-
-if TYPE_CHECKING:
-    from rich.console import Console
 
 
 def task(*args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], invoke.Task]:
@@ -57,47 +52,17 @@ def inventory_name(c: Context, given: str | None) -> str:
     return given or c.config.get("inventory") or "local"
 
 
-def console() -> Console:
-    # NOTE: piped to a file or CI log, rich would assume 80 columns and fold every table.
-    wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
-    return LazyConsole(highlight=False, soft_wrap=True, width=wide)  # type: ignore[return-value]
+def split(names: str | None) -> list[str] | None:
+    """`A1,B5` (or repeated flags joined by Invoke) as a list; None for all."""
+    return [n for n in names.replace(" ", ",").split(",") if n] if names else None
 
 
-#: What rich would change in a line of text: [markup] and :emoji: codes.
-RICH_SYNTAX = re.compile(r"\[|:\S+?:")
-
-
-class LazyConsole:
-    """rich's `Console`, imported on first need: a line of plain text is written as it is.
-
-    Importing rich is about a tenth of an `inv deploy` that only has to say that nothing
-    changed; such a line needs no markup, styles or wrapping (the console soft-wraps).
-    """
-
-    def __init__(self, **options: Any) -> None:
-        self._options, self._rich = options, None
-
-    @property
-    def rich(self) -> Console:
-        if self._rich is None:
-            from rich.console import Console
-
-            self._rich = Console(**self._options)
-        return self._rich
-
-    def print(self, *objects: Any, **options: Any) -> None:
-        if self._rich is None and not options and all(isinstance(o, str) and not RICH_SYNTAX.search(o) for o in objects):
-            sys.stdout.write(" ".join(objects) + "\n")
-            sys.stdout.flush()
-            return
-        self.rich.print(*objects, **options)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.rich, name)
-
-    # NOTE: dunder methods bypass __getattr__; rich's Live enters its console (`with console:`).
-    def __enter__(self) -> Console:
-        return self.rich.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.rich.__exit__(*exc)
+def number(text: str, flag: str, kind: type[int] | type[float]) -> Any:
+    """A flag's number, parsed here so that a typo is one line, not Invoke's traceback."""
+    try:
+        value = kind(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise AerieError(f"{flag} takes a {'whole ' if kind is int else ''}number of at least 0, not {text!r}")
+    return value

@@ -6,12 +6,12 @@ import io
 import subprocess
 import sys
 
-from local.cli import LazyConsole
+from local.console import LazyConsole
 from benchmarks.harness.checkout import REPO
 
 
 def test_a_plain_line_is_printed_without_importing_rich() -> None:
-    code = ("import sys; from local.cli import console; c = console(); "
+    code = ("import sys; from local.console import console; c = console(); "
             "c.print('Nothing to deploy: 127.0.0.1:/r runs release 1, identical'); print('rich' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert done.stdout == "Nothing to deploy: 127.0.0.1:/r runs release 1, identical\nFalse\n"

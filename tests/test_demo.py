@@ -166,7 +166,7 @@ def test_the_demo_s_first_screen_has_no_error_text_and_every_column_filled(tmp_p
 
 
 def test_the_line_under_the_demo_s_table_gives_the_draft_s_accept_length_whole() -> None:
-    from local.tasks.control import accept_line
+    from local.tasks.pipeline_run import accept_line
     from local.inventory.schema import load
 
     inventory = load("local")
@@ -185,7 +185,7 @@ def test_what_the_demo_prints_after_its_table_starts_on_a_line_of_its_own_withou
 
     from rich.console import Console
 
-    from local.tasks.control import follow
+    from local.views.live import follow
 
     out = io.StringIO()
     state = {"now": 0.0, "current_release": "r1", "jobs": [

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from local.tasks import control
+from local.tasks import deployment
 from local.exceptions import AerieError
 from local.host.verbs import RemoteHost
 from local.inventory.schema import load
@@ -65,7 +65,7 @@ def test_a_deploy_replaced_by_another_before_it_ends_says_so_and_fails(tmp_path:
     (tmp_path / "checkout" / "inventories").mkdir(parents=True)
     host = RemoteHost(load(str(bench.inventory({}))), transport=SwitchedAfterApply(bench.root))
     with pytest.raises(AerieError) as raised:
-        control.deploy(host, Console(file=io.StringIO()))
+        deployment.deploy(host, Console(file=io.StringIO()))
     assert "another deploy replaced release" in str(raised.value)
     assert "the host runs 20991231-235959-0the0r00, not this checkout: `inv deploy` again" in str(raised.value)
 

@@ -321,7 +321,7 @@ def test_the_inventory_names_drafts_as_it_names_datasets_and_says_draft_is_now_d
 
 
 def test_inv_eval_sends_train_s_draft_under_its_default_name_or_the_drafts_named() -> None:
-    from local.tasks.evaluate import spec
+    from local.tasks.evaluation import spec
     from local.inventory.schema import load
 
     inventory = load("local")
@@ -336,7 +336,7 @@ def test_the_report_shows_every_draft_ranked_with_its_flags_and_which_to_serve()
 
     from rich.console import Console
 
-    from local.tasks.evaluate import show
+    from local.views.eval_report import show
 
     baseline = Measurement(completion_tokens=900, verify_ct=0, seconds=10.0, requests=3)
     results = [(Server("mine", "/d/mine", Setting(3, 1, 4)), Measurement(900, 450, 12.0, 3)),
@@ -355,7 +355,7 @@ def test_the_report_shows_every_draft_ranked_with_its_flags_and_which_to_serve()
 
 
 def test_eval_refuses_to_share_the_gpu_with_a_running_pipeline_or_gpu_job() -> None:
-    from local.tasks.evaluate import gpu_holders
+    from local.tasks.evaluation import gpu_holders
 
     def job(key: str, state: str) -> dict:
         dataset, stage = key.split("/")

@@ -14,9 +14,9 @@ import pytest
 from invoke import Exit
 from rich.console import Console
 
-from local.tasks import control
+from local.tasks import job_verbs
 from local.views import status_table
-from local.validation import samples
+from local.views import validation_table
 from local.cli import task
 from local.exceptions import AerieError
 from local.visible import VisibleStream, visible, visible_all
@@ -109,7 +109,7 @@ def entry(**fields) -> dict:  # noqa: ANN003
 @pytest.mark.parametrize("width", [200, 80])
 def test_the_validation_report_shows_a_rows_hostile_keys(width: int) -> None:
     console = terminal(width)
-    samples.show(console, [entry(), entry(dataset="B5", error=f"cannot read: {HOSTILE} [bold]x[/bold]")], ["C1"])
+    validation_table.show(console, [entry(), entry(dataset="B5", error=f"cannot read: {HOSTILE} [bold]x[/bold]")], ["C1"])
     out = console.file.getvalue()  # type: ignore[attr-defined]
     assert_harmless(out)
     if width == 200:
@@ -129,7 +129,7 @@ def test_a_failed_tasks_message_is_shown_not_obeyed() -> None:
 
 def test_the_hosts_reasons_in_launch_and_stop_reports_are_shown_as_text() -> None:
     console = terminal(200)
-    control.report(console, [{"dataset": "A1", "stage": "prep", "launched": False, "reason": f"[red]{HOSTILE}"},
+    job_verbs.report(console, [{"dataset": "A1", "stage": "prep", "launched": False, "reason": f"[red]{HOSTILE}"},
                              {"dataset": "B5", "stage": "prep", "launched": True, "where": f"pid 1{HOSTILE}"}], "launched")
     out = console.file.getvalue()  # type: ignore[attr-defined]
     assert_harmless(out)
@@ -137,7 +137,7 @@ def test_the_hosts_reasons_in_launch_and_stop_reports_are_shown_as_text() -> Non
 
 
 def test_an_eval_reports_warnings_and_flags_are_shown_too() -> None:
-    from local.tasks import evaluate
+    from local.views import eval_report
 
     config = {"num_steps": 3, "topk": 1, "num_draft_tokens": 4, "accept_length": 2.5, "tokens_per_s": 120.0,
               "speedup": 1.2, "flags": ["--x", HOSTILE]}
@@ -146,7 +146,7 @@ def test_an_eval_reports_warnings_and_flags_are_shown_too() -> None:
               "ranking": [f"d{HOSTILE}"], "best": {**config, "draft": f"d{HOSTILE}"}, "serve": f"d{HOSTILE}",
               "warnings": [f"server said {HOSTILE}"]}
     console = terminal(120)
-    evaluate.show(report, console)
+    eval_report.show(report, console)
     assert_harmless(console.file.getvalue())  # type: ignore[attr-defined]
 
 

@@ -216,7 +216,7 @@ def test_inv_plan_s_table_says_unknown_where_no_run_measured_the_time_and_hours_
 
     from rich.console import Console
 
-    from local.tasks.planning import costs_table
+    from local.views.plan_tables import costs_table
 
     model = kimi_config(tmp_path / "kimi")
     prep_manifest(tmp_path, "A1", 40_000, 120_000_000)

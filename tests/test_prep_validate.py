@@ -103,7 +103,7 @@ def test_the_tiny_tokenizer_is_small_deterministic_and_kimi_shaped(tmp_path, tin
 
 
 def test_validate_reports_how_tools_were_declared_and_the_turn_fields_prep_dropped(tmp_path, tiny_tokenizer_dir):
-    from local.validation.samples import details
+    from local.views.validation_table import details
     from tests.prep_fixtures import AGENT_WITH_THOUGHTS
 
     agent = tmp_path / "agent.jsonl"

@@ -89,14 +89,14 @@ def test_a_rerun_rebuilds_the_last_runs_pipeline_and_not_one_whose_dataset_is_go
 
     from rich.console import Console
 
-    from local.tasks import control
+    from local.tasks import job_verbs
 
     now = inventory(tmp_path, [1, 2, 3])
     console = Console(file=io.StringIO())
-    rebuilt = control.rebuilt_pipeline(Named(now), console, {"datasets": ["B5"], "route": "offline"})
+    rebuilt = job_verbs.rebuilt_pipeline(Named(now), console, {"datasets": ["B5"], "route": "offline"})
     plan = rebuilt["runner"]["config"]["stage"]["plan"]
     assert [n["key"] for n in plan] == ["B5/prep", "B5/infer", "B5/tokenize", "B5/extract", "draft/train"]
     assert plan[3]["spec"]["config"]["stage"]["layers"] == [1, 2, 3]
-    assert control.rebuilt_pipeline(Named(now), console, {"datasets": ["B5", "C9"], "route": "offline"}) == {}
+    assert job_verbs.rebuilt_pipeline(Named(now), console, {"datasets": ["B5", "C9"], "route": "offline"}) == {}
     said = " ".join(console.file.getvalue().split())
     assert "the last `inv run` on gpu had C9, no longer in" in said and "rerun with the specs of their last run" in said

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from rich.console import Console
 
-from local.tasks import control
+from local.views import live
 from local.views import state_lines
 from local.views import status_data
 
@@ -56,7 +56,7 @@ def test_each_change_of_state_is_one_line_and_the_run_ends_with_a_summary() -> N
         [job("B5/prep", "succeeded", records=7, skipped=1), job("B5/infer", "failed", message="exit 1: no server"),
          job("pipeline/run", "failed", message="incomplete")],
     )
-    assert lines(fetch, control._pipeline_ended) == [
+    assert lines(fetch, live._pipeline_ended) == [
         "gpu:/root: 3 jobs: 1 waiting, 2 running",
         "B5/prep running",
         "pipeline/run running",
@@ -71,7 +71,7 @@ def test_each_change_of_state_is_one_line_and_the_run_ends_with_a_summary() -> N
 def test_a_summary_line_comes_every_so_often_while_nothing_changes() -> None:
     ticks = iter(range(100))
     frames = [[job("A1/prep", "running")]] * 6 + [[job("A1/prep", "succeeded", records=1)]]
-    out = lines(statuses(*frames), control._all_ended, every=2, clock=lambda: float(next(ticks)))
+    out = lines(statuses(*frames), live._all_ended, every=2, clock=lambda: float(next(ticks)))
     assert out == ["gpu:/root: 1 job: 1 running", "A1/prep running", "1 job: 1 running",
                    "1 job: 1 running", "A1/prep succeeded: 1 records", "1 job: 1 succeeded"]
 
@@ -80,7 +80,7 @@ def test_a_watch_without_a_terminal_ends_when_every_job_has_ended_and_prints_the
     out = io.StringIO()
     console = Console(file=out, width=200, color_system=None)
     fetch = statuses([job("A1/prep", "running")], [job("A1/prep", "blocked", blocked_by=["A1/x"], message="blocked by A1/x (failed)")])
-    state = control.refresh(fetch, console, "gpu:/root", 0)  # `inv status --watch`: no `until` of its own
+    state = live.refresh(fetch, console, "gpu:/root", 0)  # `inv status --watch`: no `until` of its own
     assert state["jobs"][0]["state"] == "blocked"
     text = out.getvalue()
     assert "A1/prep blocked by A1/x (failed)\n" in text and "┃ dataset" in text  # the lines, then the table

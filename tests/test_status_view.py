@@ -7,7 +7,7 @@ import io
 from rich.console import Console
 
 from local.views import status_data
-from local.views import status_table
+from local.views import status_columns, status_table
 from remote.control_plane.states import BAD, JobState
 
 NOW = 1_000_000.0
@@ -52,12 +52,12 @@ def test_the_table_shows_counts_top_skip_reason_rate_elapsed_and_an_old_release(
 
 
 def test_headers_are_the_documented_columns_in_order() -> None:
-    assert [c.header for c in status_table.COLUMNS] == [
+    assert [c.header for c in status_columns.COLUMNS] == [
         "dataset", "stage", "state", "records", "skipped", "rate", "elapsed", "eta", "release", "last line / error"]
 
 
 def test_every_state_has_a_colour_and_the_bad_ones_make_status_fail() -> None:
-    assert set(status_table.STATE_STYLES) == set(JobState)
+    assert set(status_columns.STATE_STYLES) == set(JobState)
     assert BAD == {JobState.FAILED, JobState.DIED, JobState.EMPTY, JobState.STALLED, JobState.BROKEN, JobState.BLOCKED}
     for state in JobState:
         assert status_data.any_bad({"jobs": [job(state=state.value)]}) == (state in BAD)
@@ -166,9 +166,9 @@ def test_the_note_states_only_what_the_numbers_do_not() -> None:
     prep = job(state="succeeded", records=2, metrics={"rows": 2, "tokens": 626}, message="kept 2 of 2 rows, 626 tokens")
     infer = job(stage="infer", metrics={"concurrency": 24, "tokens_per_s": 1234.0, "retries": 0, "truncated": 3},
                 message="answering prompts")
-    view = status_table.View(NOW, None)
-    assert status_table.message(prep, view).plain == "kept 2 of 2 rows, 626 tokens"
-    assert status_table.message(infer, view).plain == "c=24 1,234 tok/s truncated=3 answering prompts"
+    view = status_columns.View(NOW, None)
+    assert status_columns.message(prep, view).plain == "kept 2 of 2 rows, 626 tokens"
+    assert status_columns.message(infer, view).plain == "c=24 1,234 tok/s truncated=3 answering prompts"
 
 
 def test_the_summary_counts_states_in_lifecycle_order_with_tokens_per_second_and_the_longest_eta() -> None:
@@ -202,23 +202,23 @@ def test_json_has_eta_and_the_gpus_each_job_holds() -> None:
 def test_a_job_blocked_behind_a_failure_says_so_and_what_to_do() -> None:
     blocked = job(stage="extract", state="blocked", blocked_by=["A1/prep"], message="blocked by A1/prep (failed)")
     gpu = job(state="waiting", waiting_for=["B5/extract"], message="the GPU is in use")
-    view = status_table.View(NOW, None)
-    assert status_table.message(blocked, view).plain == (
+    view = status_columns.View(NOW, None)
+    assert status_columns.message(blocked, view).plain == (
         "blocked by A1/prep (failed); fix that, then `inv rerun --failed`")
-    assert status_table.message(gpu, view).plain == "waits for the GPU (B5/extract)"
+    assert status_columns.message(gpu, view).plain == "waits for the GPU (B5/extract)"
 
 
 def test_empty_and_stopped_rows_give_a_next_step() -> None:
-    view = status_table.View(NOW, None)
+    view = status_columns.View(NOW, None)
     empty = job(dataset="B5", stage="infer", state="empty", message="exit 0, 0 records")
-    assert status_table.message(empty, view).plain == (
+    assert status_columns.message(empty, view).plain == (
         "exit 0, 0 records; `inv logs B5 --stage infer` says why; fix it, then `inv rerun --failed`")
     stopped = job(state="stopped", message="stopped by inv stop")
-    assert status_table.message(stopped, view).plain == (
+    assert status_columns.message(stopped, view).plain == (
         "stopped by inv stop; `inv launch --stage prep -d A1` starts it again")
     runner = job(dataset="pipeline", stage="run", state="stopped", message="stopped by inv stop")
-    assert status_table.message(runner, view).plain.endswith("; `inv run` starts the pipeline again")
-    assert status_table.message(job(state="succeeded", message="kept 2 of 2"), view).plain == "kept 2 of 2"
+    assert status_columns.message(runner, view).plain.endswith("; `inv run` starts the pipeline again")
+    assert status_columns.message(job(state="succeeded", message="kept 2 of 2"), view).plain == "kept 2 of 2"
 
 
 def test_a_datasets_stages_are_listed_in_pipeline_order_not_alphabetically() -> None:

@@ -13,18 +13,13 @@ Two shapes of one view:
   When that is still too tall, finished and waiting datasets fold into one row
   each, then running rows give way to an "... N more" row, then the full
   errors, and last the bad rows themselves.
-
-The last column says what the numbers do not: the error, what a job waits
-for, the stage's own note, and only those metrics the note does not already
-state (never `rows=2 tokens=626 kept 2 of 2 rows, 626 tokens`).
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 from rich import box
@@ -33,172 +28,12 @@ from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from local.views.status_data import UNREACHABLE, Job, in_pipeline_order, next_step
+from local.views.status_columns import COLUMNS, HOST, STATE_STYLES, WIDE, Column, View, error, eta
+from local.views.status_data import UNREACHABLE, Job, in_pipeline_order
+from local.views.status_rows import BAD_STATES, Kinds, fill_lines, more_row, total_lines
 from local.visible import visible, visible_all
+from remote.control_plane.layout import job_key
 from remote.control_plane.states import RUNNER_STAGE, JobState
-
-STATE_STYLES = {
-    JobState.WAITING: "dim",
-    JobState.RUNNING: "cyan",
-    JobState.STALLED: "yellow",
-    JobState.SUCCEEDED: "green",
-    JobState.EMPTY: "bold red",
-    JobState.FAILED: "bold red",
-    JobState.BLOCKED: "red",
-    JobState.DIED: "bold magenta",
-    JobState.STOPPED: "dim",
-    JobState.BROKEN: "bold red",
-}
-
-#: Below this width the table keeps only the columns a watch needs.
-WIDE = 120
-#: Metrics with a short name in the note.
-SHORT = {"concurrency": "c={:,}", "tokens_per_s": "{:,.0f} tok/s"}
-
-
-@dataclass(frozen=True)
-class Column:
-    header: str
-    cell: Callable[[Job, "View"], str | Text]
-    justify: str = "left"
-    wide_only: bool = False
-    """Shown only when the terminal is at least `WIDE` columns."""
-
-
-@dataclass(frozen=True)
-class View:
-    """What the table needs besides the jobs: the host's clock and current release (per host, for several)."""
-
-    now: float
-    current_release: str | dict[str, str | None] | None
-    errors_below: bool = False
-    """Bad jobs' errors are shown in full under the table (narrow terminals), not in their cells."""
-
-    def current_for(self, job: Job) -> str | None:
-        if isinstance(self.current_release, dict):
-            return self.current_release.get(job.get("host", ""))
-        return self.current_release
-
-
-def elapsed(job: Job, view: View) -> float:
-    started = job.get("started_at")
-    return ((job.get("ended_at") or view.now) - started) if started else 0.0
-
-
-def duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 3600:
-        return f"{seconds // 60}:{seconds % 60:02d}"
-    if seconds < 100 * 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
-
-
-def skipped(job: Job, view: View) -> str:
-    if job.get("more"):
-        return ""
-    if not job["skipped"]:
-        return "0"
-    reason, _ = max(job["skip_reasons"].items(), key=lambda kv: kv[1])
-    return f"{job['skipped']:,} ({reason})"
-
-
-def records(job: Job, view: View) -> str:
-    return "" if job.get("more") else f"{job['records']:,}"
-
-
-def rate(job: Job, view: View) -> str:
-    seconds = elapsed(job, view)
-    folded = job.get("folded")  # several stages' span: no one rate
-    return f"{job['records'] / seconds:,.1f}/s" if seconds > 0 and job["records"] and not folded else "-"
-
-
-def eta(job: Job, view: View) -> str:
-    """Time left, where the stage said its total; a pipeline's that lacks an estimate for some job is a floor."""
-    seconds = job.get("eta_s")
-    if seconds is None:
-        return "-"
-    return ("≥" if job.get("eta_complete") is False else "") + duration(seconds)
-
-
-def release(job: Job, view: View) -> Text:
-    """The release's content digest (its id's last part), marked when it is not the current one."""
-    name = job.get("release")
-    if not name:
-        return Text("-")
-    short = name.rsplit("-", 1)[-1]
-    current = view.current_for(job)
-    if current and name != current:
-        return Text(f"{short} (old)", style="yellow")
-    return Text(short)
-
-
-def facts(job: Job) -> list[str]:
-    """The job's metrics that its message does not already state; zero counters say nothing."""
-    said = {n.replace(",", "") for n in re.findall(r"\d[\d,]*(?:\.\d+)?", job.get("message") or "")}
-    shown = []
-    for key, value in (job.get("metrics") or {}).items():
-        if not isinstance(value, (int, float)) or value == 0 or _plain(value) in said:
-            continue
-        if key in SHORT:
-            shown.append(SHORT[key].format(value))
-        else:
-            shown.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value:,}")
-    return shown
-
-
-def _plain(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
-
-
-def message(job: Job, view: View) -> Text:
-    """The error in full for a bad job; else what it waits for, or its metrics and note, on one line;
-    with the next step where the state has one (`status_data.next_step`)."""
-    state = JobState(job["state"])
-    if state.is_bad():
-        text = error(job)
-        if view.errors_below:
-            return Text(text, style="red", no_wrap=True, overflow="ellipsis")
-        return Text(text, style="red", overflow="fold")
-    note = job.get("message") or ""
-    if job.get("waiting_for"):
-        needs = ", ".join(job["waiting_for"])
-        text = f"waits for the GPU ({needs})" if "GPU" in note else f"waits for {needs}"
-    else:
-        text = " ".join([*facts(job), note]).strip()
-    step = "" if job.get("more") else next_step(job)
-    return Text(f"{text}; {step}" if text and step else text or step, no_wrap=True, overflow="ellipsis")
-
-
-def error(job: Job) -> str:
-    """A bad job's error, and the next step where its message does not say one."""
-    text = job.get("message") or f"exit {job.get('exit_code')}"
-    step = next_step(job)
-    return f"{text}; {step}" if step else text
-
-
-def state_cell(job: Job, view: View) -> Text:
-    if job.get("more"):
-        return Text("")
-    return Text(job["state"], style=STATE_STYLES[JobState(job["state"])])
-
-
-COLUMNS = [
-    Column("dataset", lambda job, view: job["dataset"]),
-    Column("stage", lambda job, view: job["stage"]),
-    Column("state", state_cell),
-    Column("records", records, "right"),
-    Column("skipped", skipped, "right", wide_only=True),
-    Column("rate", rate, "right"),
-    Column("elapsed", lambda job, view: duration(elapsed(job, view)) if job.get("started_at") else "-", "right",
-           wide_only=True),
-    Column("eta", eta, "right"),
-    Column("release", release, wide_only=True),
-    Column("last line / error", message),
-]
-
-
-HOST = Column("host", lambda job, view: job.get("host", ""))
 
 
 def render(status: dict[str, Any], title: str | None = None, fit: bool = False) -> RenderableType:
@@ -252,15 +87,15 @@ class StatusView:
         below = errors(bad[:max(left, 0) + 1])  # more than fit are never measured: one line each at least
         for level in range(3):
             rows = kinds.at(level)
-            if len(rows) + _total(below, height, left) <= left and len(below) == len(bad):
+            if len(rows) + total_lines(below, height, left) <= left and len(below) == len(bad):
                 return rows, below
         rest = rows[len(bad):]
         if len(bad) + 1 > left:  # not even the bad rows: as many as fit, and one row for the others
             keep = bad[:max(left - 1, 0)]
-            return keep + [_more(jobs, keep)], []
-        shown = _fill(below, len(bad), height, left - len(bad) - 1)
+            return keep + [more_row(jobs, keep)], []
+        shown = fill_lines(below, len(bad), height, left - len(bad) - 1)
         left -= len(bad) + 1 + sum(height(line) for line in shown)
-        return bad + rest[:left] + ([_more(jobs, bad + rest[:left])] if rest[left:] else []), shown
+        return bad + rest[:left] + ([more_row(jobs, bad + rest[:left])] if rest[left:] else []), shown
 
     def table(self, columns: list[Column], view: View, jobs: Iterable[Job], boxed: bool = False,
               one_line: bool = False) -> Table:
@@ -294,158 +129,6 @@ def _text(cell: str | Text) -> Text:
     return Text(cell) if isinstance(cell, str) else cell
 
 
-# -- grouping ----------------------------------------------------------------
-
-
-#: States shown as rows of their own (by value: an enum lookup per job is a tenth of a frame of 1,000).
-BAD_STATES = {state.value for state in JobState if state.is_bad()}
-FOLDED_STATES = {JobState.WAITING.value, JobState.SUCCEEDED.value}
-
-
-@dataclass(frozen=True)
-class Kinds:
-    """The rows of a view that fits, by kind: bad jobs (those that failed alike as one row), running
-    ones, one row per waiting dataset, one per finished dataset."""
-
-    bad: list[Job]
-    active: list[Job]
-    waiting: list[Job]
-    done: list[Job]
-
-    @classmethod
-    def of(cls, jobs: list[Job]) -> "Kinds":
-        bad, active, waiting, done = [], [], [], []
-        for its in _by_dataset(jobs).values():
-            shown = [j for j in its if j["state"] not in FOLDED_STATES]
-            bad += [j for j in shown if j["state"] in BAD_STATES]
-            active += [j for j in shown if j["state"] not in BAD_STATES]
-            queued = [j for j in its if j["state"] == JobState.WAITING.value]
-            if queued and not shown:
-                waiting.append(_waiting_row(queued))
-            elif not shown and not queued:
-                done.append(_done_row(its))
-        return cls(_alike(bad), active, waiting, done)
-
-    def at(self, level: int) -> list[Job]:
-        """Level 1 folds the finished datasets into one row; level 2 the waiting ones too."""
-        done = [_many(self.done, JobState.SUCCEEDED)] if level >= 1 and len(self.done) > 1 else self.done
-        waiting = [_many(self.waiting, JobState.WAITING)] if level >= 2 and len(self.waiting) > 1 else self.waiting
-        return self.bad + self.active + waiting + done
-
-
-#: What two bad jobs' errors may differ in and still be one bug: counts, sizes, line numbers.
-NUMBER = re.compile(r"\d[\d,.]*")
-
-
-def _alike(bad: list[Job]) -> list[Job]:
-    """Bad jobs of one stage and state whose errors differ only in numbers and their dataset's name, as
-    one row with a count: the bug that breaks every dataset is one row, not a thousand."""
-    groups: dict[tuple[Any, ...], list[tuple[Job, str]]] = {}
-    for job in bad:
-        message = job.get("message") or f"exit {job.get('exit_code')}"
-        if len(job["dataset"]) > 1:  # a one-letter name would match inside words
-            message = message.replace(job["dataset"], "*")
-        # NOTE: the exit code is no number that merely differs: exit 1 and exit 2 are two failures.
-        key = (job.get("host", ""), job["stage"], job["state"], job.get("exit_code"), NUMBER.sub("N", message))
-        groups.setdefault(key, []).append((job, message))
-    rows = []
-    for (host, stage, state, _, _), members in groups.items():
-        if len(members) == 1:
-            rows.append(members[0][0])
-            continue
-        jobs = [job for job, _ in members]
-        reasons: Counter[str] = Counter()
-        for job in jobs:
-            reasons.update(job.get("skip_reasons") or {})
-        rows.append({**_row(f"{len(jobs)} datasets", stage, state, folded=True, covers=jobs, host=host,
-                            members=[j["dataset"] for j in jobs], message=_common([m for _, m in members])),
-                     "records": sum(j["records"] for j in jobs), "skipped": sum(j["skipped"] for j in jobs),
-                     "skip_reasons": dict(reasons)})
-    return rows
-
-
-def _common(messages: list[str]) -> str:
-    """The message with each number that differs between them shown as N."""
-    numbers = [NUMBER.findall(m) for m in messages]
-    parts = NUMBER.split(messages[0])
-    shown = [parts[0]]
-    for index, part in enumerate(parts[1:]):
-        same = {n[index] for n in numbers}
-        shown += [numbers[0][index] if len(same) == 1 else "N", part]
-    return "".join(shown)
-
-
-def _more(jobs: list[Job], shown: list[Job]) -> Job:
-    """One row for the jobs that the `shown` rows leave out: how many, in which states (`inv status` lists all)."""
-    seen = {id(job) for row in shown for job in row.get("covers", [row])}
-    counts = Counter(job["state"] for job in jobs if id(job) not in seen)
-    said = ", ".join(f"{counts[state.value]} {state.value}" for state in JobState if counts[state.value])
-    return _row("...", "", "stopped", more=True, folded=True, message=f"{sum(counts.values())} more: {said}")
-
-
-def _total(lines: list[Text], height: Callable[[Text], int], limit: int) -> int:
-    """The lines `lines` take, counted only until they pass `limit`."""
-    total = 0
-    for line in lines:
-        total += height(line)
-        if total > limit:
-            break
-    return total
-
-
-def _fill(lines: list[Text], count: int, height: Callable[[Text], int], room: int) -> list[Text]:
-    """As many of `lines` (the first of `count`) as fit in `room`, with a last one that says how many
-    more there are."""
-    if count == len(lines) and _total(lines, height, room) <= room:
-        return lines
-    shown: list[Text] = []
-    used = 1  # the line that says how many are left out
-    for line in lines:
-        if used + height(line) > room:
-            break
-        shown.append(line)
-        used += height(line)
-    note = Text(f"... {count - len(shown)} more errors: `inv status` shows every one in full", style="red")
-    return shown + ([note] if room > len(shown) else [])
-
-
-def _by_dataset(jobs: list[Job]) -> dict[str, list[Job]]:
-    groups: dict[str, list[Job]] = {}
-    for job in jobs:
-        groups.setdefault(f"{job.get('host', '')}\0{job['dataset']}", []).append(job)
-    return groups
-
-
-def _row(dataset: str, stage: str, state: str, **fields: Any) -> Job:
-    return {"dataset": dataset, "stage": stage, "state": state, "records": 0, "skipped": 0, "skip_reasons": {},
-            "metrics": {}, "message": "", **fields}
-
-
-def _done_row(jobs: list[Job]) -> Job:
-    last = jobs[-1]
-    started = [j["started_at"] for j in jobs if j.get("started_at")]
-    ended = [j["ended_at"] for j in jobs if j.get("ended_at")]
-    if len(jobs) == 1:
-        return last
-    return {**last, "stage": f"{len(jobs)} stages", "folded": True, "covers": jobs,
-            "started_at": min(started, default=None), "ended_at": max(ended, default=None)}
-
-
-def _waiting_row(jobs: list[Job]) -> Job:
-    """A dataset's waiting stages: the first, and how many follow it."""
-    first = jobs[0]
-    return {**first, "stage": first["stage"] + (f" +{len(jobs) - 1}" if len(jobs) > 1 else ""), "covers": jobs}
-
-
-def _many(rows: list[Job], state: JobState) -> Job:
-    names = ", ".join(r["dataset"] for r in rows)
-    return _row(f"{len(rows)} datasets", "", state.value, records=sum(r["records"] for r in rows),
-                message=names, folded=True, covers=[job for row in rows for job in row.get("covers", [row])])
-
-
-# -- GPUs and the summary -----------------------------------------------------
-
-
 def errors(jobs: list[Job]) -> list[Text]:
     """Each bad job's error in full, under a table whose cells can hold only its start (a row of
     `Kinds` may stand for all the datasets that failed alike: it names them)."""
@@ -458,7 +141,7 @@ def errors(jobs: list[Job]) -> list[Text]:
                 shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
                 line = Text(f"{where}{job['stage']} {job['state']} in {len(names)} datasets ({shown}): ", style="bold red")
             else:
-                line = Text(f"{where}{job['dataset']}/{job['stage']} {job['state']}: ", style="bold red")
+                line = Text(f"{where}{job_key(job['dataset'], job['stage'])} {job['state']}: ", style="bold red")
             line.append(error(job), style="red")
             lines.append(line)
     return lines

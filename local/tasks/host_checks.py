@@ -1,0 +1,43 @@
+"""`inv check`: the host's checks before a run, from this checkout's code sent along; `--install` first installs
+pyproject's `host` extra into the host's Python."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from local.console import line
+from local.jobs import specs
+from local.views import tables
+from local.visible import VisibleStream, visible
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from local.host.verbs import RemoteHost
+
+
+def check(host: RemoteHost, console: Console, install: bool = False) -> list[dict[str, Any]]:
+    """The host's checks, run from this checkout's code sent along (`call_sent`): nothing needs to be deployed.
+    `install`: first install pyproject's `host` extra into the host's Python."""
+    from local.tasks import planning
+
+    inventory = host.inventory
+    if install:
+        from local.host import packages
+
+        wanted = packages.requirements()
+        console.print(line(f"installing into {visible(host.python)} on {host.name}: {' '.join(wanted)}"))
+        out = VisibleStream(sys.stdout.buffer)  # pip's words, as the host's: shown, never obeyed
+        try:
+            host.pip_install(wanted, out)
+        finally:
+            out.close()
+    results = host.call_sent("check", layers=inventory.stages.extract.layers, dtype=inventory.stages.extract.dtype,
+                             datasets=list(inventory.datasets),
+                             model=specs.on_host(inventory.target.model_dump(), host.root)["model"],
+                             server_url=inventory.stages.infer.server_url,
+                             readiness=planning.readiness(inventory, host.root),
+                             extract_engine=inventory.stages.extract.engine)
+    console.print(tables.checks(results, f"checks on {host.name}"))
+    return results

@@ -1,0 +1,64 @@
+"""The live table (`--watch`, `inv run --follow`, the demo), redrawn in place, or without a terminal a line per
+change of state (local/views/state_lines.py), until the run ends."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from remote.control_plane.states import RUNNER, RUNNER_STAGE, JobState
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+def refresh(fetch: Callable[[], dict[str, Any]], console: Console, title: str, interval: float,
+            until: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
+    """The live table (`--watch`, `--follow`, the demo): fetched and redrawn every `interval` seconds
+    until `until(state)` (None: never, on a terminal) or Ctrl-C; the last state, whose frame stays on
+    the screen. Without a terminal, a line per change of state instead, until the run ends."""
+    from rich.live import Live
+
+    from local.views import status_table
+
+    if not console.is_terminal:
+        return lines_until_ended(fetch, console, title, interval, until or _all_ended)
+    until = until or (lambda state: False)
+    state = fetch()
+    with Live(status_table.render(state, title=title, fit=True), console=console, auto_refresh=False) as live:
+        try:
+            while not until(state):
+                time.sleep(interval)
+                state = fetch()
+                live.update(status_table.render(state, title=title, fit=True), refresh=True)
+        except KeyboardInterrupt:
+            pass
+    if not console.is_terminal:  # NOTE: rich ends the last frame with a line break only on a terminal
+        console.line()
+    return state
+
+
+def follow(fetch: Callable[[], dict[str, Any]], console: Console, title: str, interval: float = 2.0) -> dict[str, Any]:
+    """Refresh the table until the pipeline has ended (its runners; on Slurm, its jobs); the final status."""
+    return refresh(fetch, console, title, interval, until=_pipeline_ended)
+
+
+def lines_until_ended(fetch: Callable[[], dict[str, Any]], console: Console, title: str, interval: float,
+                      until: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The watch without a terminal (local/views/state_lines.py), then the whole table once, as `inv status` prints it."""
+    from local.views import state_lines
+    from local.views import status_table
+
+    state = state_lines.follow(fetch, console, title, interval, until)
+    console.print(status_table.render(state, title=title))
+    return state
+
+
+def _pipeline_ended(state: dict[str, Any]) -> bool:
+    runners = [j for j in state["jobs"] if (j["dataset"], j["stage"]) == (RUNNER, RUNNER_STAGE)]
+    return _all_ended({**state, "jobs": runners or state["jobs"]}) or bool(state.get("unreachable"))
+
+
+def _all_ended(state: dict[str, Any]) -> bool:
+    """Nothing left to watch: every job has ended (a blocked one too: only `inv rerun --failed` moves it)."""
+    return all(JobState(job["state"]).is_terminal() for job in state["jobs"])
