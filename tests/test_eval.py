@@ -321,14 +321,14 @@ def test_the_inventory_names_drafts_as_it_names_datasets_and_says_draft_is_now_d
 
 
 def test_inv_eval_sends_train_s_draft_under_its_default_name_or_the_drafts_named() -> None:
-    from local.tasks.evaluation import spec
+    from local.jobs.specs import eval_spec
     from local.inventory.schema import load
 
     inventory = load("local")
     root = inventory.host.root
-    assert spec(inventory)["config"]["stage"]["drafts"] == {"draft": f"{root}/data/draft/train/draft"}
+    assert eval_spec(inventory)["config"]["stage"]["drafts"] == {"draft": f"{root}/data/draft/train/draft"}
     inventory.stages.eval.drafts = {"published": "{root}/models/k2.5-eagle3", "mine": "/d/mine"}
-    assert spec(inventory)["config"]["stage"]["drafts"] == {"published": f"{root}/models/k2.5-eagle3", "mine": "/d/mine"}
+    assert eval_spec(inventory)["config"]["stage"]["drafts"] == {"published": f"{root}/models/k2.5-eagle3", "mine": "/d/mine"}
 
 
 def test_the_report_shows_every_draft_ranked_with_its_flags_and_which_to_serve() -> None:

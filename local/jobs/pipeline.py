@@ -9,7 +9,7 @@ run takes (`stages.extract.route`; for ``auto``, the one `inv plan` finds fits):
   and the train, needing every dataset's prep (tokenize for a prompts dataset);
 - ``online``: no extract; ``draft/train`` (SpecForge with the target alongside) needs the prep outputs.
 
-Each job's spec is built whole, once, by `local.jobs.specs.spec` or here for the draft's jobs.
+Each job's spec is built whole, once, by `local.jobs.specs.job_spec` (through `spec` for a dataset's stages).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from local.jobs.specs import on_host, placement, spec, stage_config
+from local.jobs.specs import (JobSpec, dataset_entry, job_spec, placement, shared_config, spec, stage_config,
+                              stage_settings)
 from remote.control_plane import layout
 from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 GPU_STAGES = {"infer", "extract", "train"}
 
 
-def node(spec: dict[str, Any], needs: list[str]) -> dict[str, Any]:
+def node(spec: JobSpec, needs: list[str]) -> dict[str, Any]:
     stage = spec["stage"]
     # NOTE: every node carries its executor; the host picks how the plan runs from it (remote.orchestration.runner.start).
     return {"key": layout.job_key(spec["dataset"], stage), "needs": needs, "gpu": stage in GPU_STAGES,
@@ -73,31 +74,28 @@ def graph(inventory: Inventory, datasets: list[str] | None, route: str) -> list[
     return nodes + [{**node(draft_chunked(inventory, preps), prepped), "gpu": True}]
 
 
-def draft_train(inventory: Inventory, first: str, inputs: dict[str, Any]) -> dict[str, Any]:
+def draft_train(inventory: Inventory, first: str, inputs: dict[str, Any]) -> JobSpec:
     """`draft/train` over every dataset: its extracted states (`inputs`), or their prep's output (`prep_inputs`,
     online: SGLang captures the states of `stages.extract.layers` as SpecForge trains)."""
     settings = inventory.stages.train
-    config = {"dataset": inventory.datasets[first].model_dump(), **stage_config(inventory, "train"), **inputs}
+    config = {"dataset": dataset_entry(inventory, first), **stage_config(inventory, "train"), **inputs}
     if "prep_inputs" in inputs:
         config["stage"]["layers"] = inventory.stages.extract.layers
-    return {"dataset": DRAFT, "stage": "train", "command": settings.command, "source": "", "kind": "native",
-            "stall_after": settings.stall_after, "log_limit": settings.log_limit, "config": config,
-            **placement(inventory, "train")}
+    return job_spec(DRAFT, "train", config, command=settings.command, stall_after=settings.stall_after,
+                    log_limit=settings.log_limit, **placement(inventory, "train"))
 
 
-def draft_chunked(inventory: Inventory, preps: dict[str, str]) -> dict[str, Any]:
+def draft_chunked(inventory: Inventory, preps: dict[str, str]) -> JobSpec:
     """`draft/chunked`: extract and train chunk by chunk (`remote/orchestration/chunked.py`), with both stages' settings."""
     extract, training = inventory.stages.extract, inventory.stages.train
     root = inventory.host.root
-    return {
-        "dataset": DRAFT, "stage": "chunked", "command": None, "source": "", "kind": "native",
-        "stall_after": max(extract.stall_after, training.stall_after), "log_limit": extract.log_limit,
-        "config": {"dataset": {}, "inventory": stage_config(inventory, "extract")["inventory"], "prep_inputs": preps,
-                   "stage": {"disk_budget": extract.disk_budget,
-                             "extract": on_host(extract.model_dump(exclude={"stall_after"}), root),
-                             "train": on_host(training.model_dump(exclude={"stall_after"}), root)}},
-        **placement(inventory, "extract"),
-    }
+    # NOTE: it runs both stages itself, so their settings keep `command` (see `stage_settings`).
+    both = {"extract": stage_settings(extract, root, keep_command=True),
+            "train": stage_settings(training, root, keep_command=True)}
+    config = {"dataset": {}, "inventory": shared_config(inventory), "prep_inputs": preps,
+              "stage": {"disk_budget": extract.disk_budget, **both}}
+    return job_spec(DRAFT, "chunked", config, command=None, log_limit=extract.log_limit,
+                    stall_after=max(extract.stall_after, training.stall_after), **placement(inventory, "extract"))
 
 
 def server_settings(inventory: Inventory) -> dict[str, Any]:
@@ -106,13 +104,11 @@ def server_settings(inventory: Inventory) -> dict[str, Any]:
             "url": infer.server_url, "start_timeout": infer.server_start_timeout, "env": infer.server_env}
 
 
-def runner_spec(inventory: Inventory, datasets: list[str] | None, route: str) -> dict[str, Any]:
+def runner_spec(inventory: Inventory, datasets: list[str] | None, route: str) -> JobSpec:
     """The `pipeline/run` job: the runner, with the graph for `route` and the inference server it manages."""
     server = server_settings(inventory)
     # NOTE: what the plan was built from: `inv rerun` rebuilds the plan from the inventory as it is then.
     built_from = {"datasets": inventory.select(datasets), "route": route}
-    return {
-        "dataset": RUNNER, "stage": RUNNER_STAGE, "command": None, "source": "", "kind": "native", "executor": "process",
-        "stall_after": 10 ** 9,  # it beats every tick; waiting on a long job is not a stall
-        "config": {"stage": {"plan": graph(inventory, datasets, route), "server": server, "fresh": True, "built_from": built_from}},
-    }
+    stage = {"plan": graph(inventory, datasets, route), "server": server, "fresh": True, "built_from": built_from}
+    # NOTE: stall_after: it beats every tick; waiting on a long job is not a stall.
+    return job_spec(RUNNER, RUNNER_STAGE, {"stage": stage}, command=None, stall_after=10 ** 9, executor="process")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, Callable
 
 from local.jobs import specs
@@ -20,42 +19,20 @@ from local.visible import visible
 from remote.control_plane import layout
 from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, JobState
 
-if TYPE_CHECKING:  # the schema and rich load only when `inv eval` runs, not with every task
+if TYPE_CHECKING:  # rich loads only when `inv eval` runs, not with every task
     from rich.console import Console
 
     from local.host.verbs import RemoteHost
-    from local.inventory.schema import Inventory
 
 STAGE = "eval"
 KEY = layout.job_key(DRAFT, STAGE)
-#: The name of train's draft when ``stages.eval.drafts`` is unset.
-DEFAULT_DRAFT = "draft"
-
-
-def spec(inventory: Inventory) -> dict[str, Any]:
-    """The job's spec, every default resolved here (the host's settings have no defaults of their own)."""
-    settings = inventory.stages.eval
-    root = inventory.host.root
-    model = settings.model or inventory.target.model
-    if not model:
-        raise AerieError(f"{inventory.path}: inv eval needs the target: set target.model or stages.eval.model")
-    stage = settings.model_dump(exclude={"command", "stall_after"})
-    # The offline route's draft: the weights (`draft`) in draft/train's output on the host.
-    trained = layout.output_dir(PurePosixPath(root), DRAFT, "train") / "draft"
-    stage.update(model=model, drafts=settings.drafts or {DEFAULT_DRAFT: str(trained)})
-    return {
-        "dataset": DRAFT, "stage": STAGE, "command": settings.command, "source": "", "kind": "native",
-        "stall_after": settings.stall_after, "log_limit": settings.log_limit,
-        "config": {"stage": specs.on_host(stage, root),
-                   "inventory": {"target": specs.on_host(inventory.target.model_dump(), root)}},
-    }
 
 
 def gpu_holders(state: dict[str, Any]) -> list[str]:
     """Jobs that hold (or will take) the GPU now: eval must not share it."""
     # NOTE: not `waiting`: jobs of a pipeline whose runner has ended stay `waiting` for ever.
     busy = (JobState.RUNNING.value, JobState.STALLED.value)
-    return [f"{j['dataset']}/{j['stage']}" for j in state["jobs"]
+    return [layout.job_key(j["dataset"], j["stage"]) for j in state["jobs"]
             if j["state"] in busy and (j["stage"] in GPU_STAGES or (j["dataset"], j["stage"]) == (RUNNER, RUNNER_STAGE))]
 
 
@@ -66,7 +43,7 @@ def run(host: RemoteHost, console: Console, as_json: bool = False, interval: flo
     holders = gpu_holders(host.call("status"))
     if holders:
         raise AerieError(f"the GPU is in use by {', '.join(holders)}: wait for it to end or `inv stop` it first")
-    result = host.call("launch", specs=[spec(host.inventory)])[0]
+    result = host.call("launch", specs=[specs.eval_spec(host.inventory)])[0]
     if result["launched"]:
         say(f"started {KEY} on {host.name} (pid {result['pid']}); it outlives this terminal: "
             f"`inv eval` again follows it, `inv logs {DRAFT} --stage {STAGE}` shows its log")
@@ -88,7 +65,7 @@ def follow(fetch: Callable[[], dict[str, Any]], say: Callable[[str], None], inte
     """Poll the job until it ends, saying each new message once."""
     last = None
     while True:
-        job = next((j for j in fetch()["jobs"] if f"{j['dataset']}/{j['stage']}" == KEY), None)
+        job = next((j for j in fetch()["jobs"] if layout.job_key(j["dataset"], j["stage"]) == KEY), None)
         if job is None:
             raise AerieError(f"{KEY} vanished from the host's jobs")
         if job.get("message") and job["message"] != last:

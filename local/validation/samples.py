@@ -39,13 +39,11 @@ def sample_of(inventory: Inventory, name: str) -> str:
 
 
 def request(inventory: Inventory) -> dict[str, Any]:
-    target = inventory.target.model_dump()
-    if inventory.host is not None:  # `{root}`: the one host's (on the local backend, this machine's)
-        target = specs.on_host(target, inventory.host.root)
+    root = inventory.host.root if inventory.host is not None else None  # the one host's (local: this machine's)
     return {
-        "target": target,
-        "stage": inventory.stages.prep.model_dump(exclude={"command", "stall_after"}),
-        "datasets": {name: {**inventory.datasets[name].model_dump(), "sample": sample_of(inventory, name),
+        "target": specs.dumped(inventory.target, root),
+        "stage": specs.stage_settings(inventory.stages.prep, None),
+        "datasets": {name: {**specs.dataset_entry(inventory, name), "sample": sample_of(inventory, name),
                             # the key the user wrote, for a message about a file that is not there
                             "sample_key": "sample" if inventory.datasets[name].sample else "source",
                             "limit": inventory.datasets[name].limit or 200}

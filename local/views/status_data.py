@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from remote.control_plane import layout
 from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, STAGE_ORDER, JobState
 
 Job = dict[str, Any]
@@ -40,7 +41,7 @@ def _with_gpus(status: dict[str, Any]) -> list[Job]:
         return status["jobs"]
     jobs = []
     for job in status["jobs"]:
-        key = f"{job['dataset']}/{job['stage']}"
+        key = layout.job_key(job["dataset"], job["stage"])
         serving = job["stage"] == "infer" and job["state"] in ("running", "stalled")
         held = [{k: g.get(k) for k in ("index", "utilization", "memory_used", "memory_total")}
                 for g in gpus if g.get("host") == job.get("host")
