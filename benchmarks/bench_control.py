@@ -209,7 +209,7 @@ def _deploys_vs_rsync(bench: Bench, work: Path, files: dict[str, str], repeat: i
     assert bench.sshd is not None
 
     def deploy_once(host: RemoteHost) -> None:
-        releases.push(host, releases.plan(host, files), bench.checkout) if not releases.plan(host, files).is_noop else None
+        releases.push(host, releases.diff(host, files), bench.checkout) if not releases.diff(host, files).is_noop else None
 
     noop_commands = once(bench, deploy_once)
     noop = median_seconds(lambda: once(bench, deploy_once), repeat)
@@ -225,7 +225,7 @@ def _deploys_vs_rsync(bench: Bench, work: Path, files: dict[str, str], repeat: i
 
     def aerie_change() -> None:
         change_one()
-        once(bench, lambda h: releases.push(h, releases.plan(h, releases.manifest(bench.checkout)), bench.checkout))
+        once(bench, lambda h: releases.push(h, releases.diff(h, releases.manifest(bench.checkout)), bench.checkout))
 
     def rsync_change() -> None:
         change_one()

@@ -139,7 +139,7 @@ def phases(bench: Bench, repeat: int) -> dict[str, float]:
     connected = median_seconds(lambda: connect().close(), repeat)
     host = connect()
     try:
-        manifest = median_seconds(lambda: releases.plan(host, releases.manifest(bench.checkout)), repeat)
+        manifest = median_seconds(lambda: releases.diff(host, releases.manifest(bench.checkout)), repeat)
     finally:
         host.close()
     return {"startup_inv_list_s": startup, "validation_cached_s": cached, "one_command_s": connected,

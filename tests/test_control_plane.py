@@ -114,9 +114,9 @@ def test_an_interrupted_deploy_leaves_the_previous_release_whole_and_the_next_co
     inventory = load(str(bench.checkout / "inventories" / "test.yaml"))
     host = RemoteHost(inventory)
     host.transport = CutTransport(host.transport)
-    plan = releases.plan(host, releases.manifest(bench.checkout))
+    diff = releases.diff(host, releases.manifest(bench.checkout))
     with pytest.raises(Exception, match="previous release is untouched"):
-        releases.push(host, plan, bench.checkout)
+        releases.push(host, diff, bench.checkout)
     host.close()
     assert (bench.root / "current").resolve() == before
     assert not (before / "remote" / "bulk_0.py").exists()

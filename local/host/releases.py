@@ -62,7 +62,7 @@ def check_sources(repo: Path = REPO, paths: list[str] | None = None) -> None:
 
 
 @dataclass
-class Plan:
+class Diff:
     """What a deploy would change on the host."""
 
     base: str | None
@@ -108,10 +108,11 @@ def current_release(host: RemoteHost) -> dict[str, Any]:
     return current if isinstance(current, dict) and isinstance(current.get("files"), dict) else {"id": None, "files": {}}
 
 
-def plan(host: RemoteHost, files: dict[str, str]) -> Plan:
+def diff(host: RemoteHost, files: dict[str, str]) -> Diff:
+    """This checkout's `files` against the host's current release."""
     current = current_release(host)
     theirs = current.get("files", {})
-    return Plan(
+    return Diff(
         base=current.get("id"),
         files=files,
         added=sorted(set(files) - set(theirs)),
@@ -128,7 +129,7 @@ def pack(paths: list[str], repo: Path = REPO) -> bytes:
     return buffer.getvalue()
 
 
-def push(host: RemoteHost, plan: Plan, repo: Path = REPO) -> dict[str, Any]:
+def push(host: RemoteHost, diff: Diff, repo: Path = REPO) -> dict[str, Any]:
     """Send the changed files, switch, and prune to `deploy.keep` releases: {id, pruned (the ids removed)}."""
-    args = {"id": plan.release_id, "files": plan.files, "send": plan.send, "keep": host.inventory.deploy.keep}
-    return host.release("apply", stdin=json.dumps(args).encode() + b"\n" + pack(plan.send, repo))
+    args = {"id": diff.release_id, "files": diff.files, "send": diff.send, "keep": host.inventory.deploy.keep}
+    return host.release("apply", stdin=json.dumps(args).encode() + b"\n" + pack(diff.send, repo))

@@ -18,31 +18,31 @@ LISTED = 12  # paths a deploy lists before it summarises (a dry run lists all)
 
 def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | None:
     """Send what changed to one host (`inv deploy` has validated the inventory's data first)."""
-    from local.host import releases  # here, as validation below: `inv status` and `inv launch` need neither
+    from local.host import releases  # here: `inv status` and `inv launch` never need it
 
-    plan = releases.plan(host, releases.manifest(ship=host.inventory.deploy.ship))
-    releases.check_sources(paths=plan.send)
+    diff = releases.diff(host, releases.manifest(ship=host.inventory.deploy.ship))
+    releases.check_sources(paths=diff.send)
     where = f"{host.name}:{host.root}"
-    if plan.is_noop:
-        console.print(line(f"Nothing to deploy: {where} runs release {visible(str(plan.base))}, identical to this checkout."))
-        return plan.base
+    if diff.is_noop:
+        console.print(line(f"Nothing to deploy: {where} runs release {visible(str(diff.base))}, identical to this checkout."))
+        return diff.base
     listed = [(label, path, style) for label, paths, style in
-              (("add", plan.added, "green"), ("change", plan.changed, "yellow"), ("remove", plan.removed, "red"))
+              (("add", diff.added, "green"), ("change", diff.changed, "yellow"), ("remove", diff.removed, "red"))
               for path in paths]
     shown = listed if dry_run else listed[:LISTED]
     for label, path, style in shown:  # a removed path is the host's manifest's: shown, never read as markup
         console.print(line((f"  {label:<6}", style), f" {visible(path)}"))
     if len(shown) < len(listed):
         console.print(f"  ... and {len(listed) - len(shown)} more (`inv deploy --dry-run` lists all)")
-    summary = f"{len(plan.added)} added, {len(plan.changed)} changed, {len(plan.removed)} removed"
+    summary = f"{len(diff.added)} added, {len(diff.changed)} changed, {len(diff.removed)} removed"
     if dry_run:
-        console.print(line(f"Dry run: would deploy {summary} to {where} (now {visible(str(plan.base or 'nothing'))}); "
+        console.print(line(f"Dry run: would deploy {summary} to {where} (now {visible(str(diff.base or 'nothing'))}); "
                             f"it sends {_shipped(host.inventory.deploy.ship)}."))
         return None
-    answer = releases.push(host, plan)
+    answer = releases.push(host, diff)
     release, pruned = answer["id"], answer.get("pruned", [])
     live = releases.current_release(host)  # read after the switch: a deploy from elsewhere may have followed it
-    if live.get("files") != plan.files:
+    if live.get("files") != diff.files:
         raise AerieError(f"{where}: another deploy replaced release {release} before this one ended; the host runs "
                          f"{visible(str(live.get('id')))}, not this checkout: `inv deploy` again to send it")
     live_as = "it is live" if live.get("id") == release else f"the host runs {visible(str(live.get('id')))}, the same files"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from local.views.status_data import Job, in_pipeline_order
+from local.views.status_data import Job, in_pipeline_order, job_name
 from local.visible import visible
 from remote.control_plane.states import JobState
 
@@ -39,7 +39,7 @@ def follow(fetch: Callable[[], dict[str, Any]], console: Console, title: str, in
             time.sleep(interval)
             state = fetch()
             now = _states(state)
-            changed = [job for job in in_pipeline_order(state["jobs"]) if seen.get(_key(job)) != job["state"]]
+            changed = [job for job in in_pipeline_order(state["jobs"]) if seen.get(job_name(job)) != job["state"]]
             lines, at = [_line(job) for job in changed], clock()
             if at - said_at >= summary_every or (until(state) and changed):
                 lines.append(_summary(state))
@@ -52,11 +52,7 @@ def follow(fetch: Callable[[], dict[str, Any]], console: Console, title: str, in
 
 
 def _states(state: dict[str, Any]) -> dict[str, str]:
-    return {_key(job): job["state"] for job in state["jobs"]}
-
-
-def _key(job: Job) -> str:
-    return f"{job['host'] + ':' if job.get('host') else ''}{job['dataset']}/{job['stage']}"
+    return {job_name(job): job["state"] for job in state["jobs"]}
 
 
 def _line(job: Job) -> str:
@@ -67,8 +63,8 @@ def _line(job: Job) -> str:
     elif job["state"] == JobState.WAITING.value and job.get("waiting_for"):
         said = f"waits for {', '.join(job['waiting_for'])}"
     if said.startswith(job["state"] + " "):  # "blocked by B5/infer (failed)": one sentence
-        return f"{time.strftime('%H:%M:%S')} {visible(_key(job))} {said}"
-    return f"{time.strftime('%H:%M:%S')} {visible(_key(job))} {job['state']}" + (f": {said}" if said else "")
+        return f"{time.strftime('%H:%M:%S')} {visible(job_name(job))} {said}"
+    return f"{time.strftime('%H:%M:%S')} {visible(job_name(job))} {job['state']}" + (f": {said}" if said else "")
 
 
 def _summary(state: dict[str, Any], where: str = "") -> str:

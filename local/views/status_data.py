@@ -82,8 +82,8 @@ def outcome(status: dict[str, Any]) -> str:
     bad = [j for j in in_pipeline_order(status["jobs"]) if JobState(j["state"]).is_bad()]
     jobs = [j for j in bad if (j["dataset"], j["stage"]) != (RUNNER, RUNNER_STAGE)]
     bad = jobs or bad  # the runner failed because they did: name them, not it
-    blocked = [_key(j) for j in bad if j["state"] == JobState.BLOCKED.value]
-    failed = [f"{_key(j)} {j['state']}" for j in bad if j["state"] != JobState.BLOCKED.value]
+    blocked = [job_name(j) for j in bad if j["state"] == JobState.BLOCKED.value]
+    failed = [f"{job_name(j)} {j['state']}" for j in bad if j["state"] != JobState.BLOCKED.value]
     parts = [", ".join(failed)] if failed else []
     if blocked:
         parts.append(f"{len(blocked)} blocked behind {'them' if len(failed) > 1 else 'it'}: {', '.join(blocked)}"
@@ -94,5 +94,6 @@ def outcome(status: dict[str, Any]) -> str:
             "a job's log), then `inv rerun --failed` (`inv deploy rerun --failed` after a change to the code)")
 
 
-def _key(job: Job) -> str:
-    return f"{job['host'] + ':' if job.get('host') else ''}{job['dataset']}/{job['stage']}"
+def job_name(job: Job) -> str:
+    """A job as the user names it: `A1/prep`, or `gpu2:A1/prep` where several hosts run jobs."""
+    return f"{job['host'] + ':' if job.get('host') else ''}{layout.job_key(job['dataset'], job['stage'])}"
