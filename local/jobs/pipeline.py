@@ -17,12 +17,13 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from local.inventory.fields import dump
 from local.jobs.specs import on_host, placement, spec, stage_config
 from remote.control_plane import layout
 from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE
 
 if TYPE_CHECKING:
-    from local.inventory.schema import Inventory
+    from local.inventory.values import Inventory
 
 GPU_STAGES = {"infer", "extract", "train"}
 
@@ -77,7 +78,7 @@ def draft_train(inventory: Inventory, first: str, inputs: dict[str, Any]) -> dic
     """`draft/train` over every dataset: its extracted states (`inputs`), or their prep's output (`prep_inputs`,
     online: SGLang captures the states of `stages.extract.layers` as SpecForge trains)."""
     settings = inventory.stages.train
-    config = {"dataset": inventory.datasets[first].model_dump(), **stage_config(inventory, "train"), **inputs}
+    config = {"dataset": dump(inventory.datasets[first]), **stage_config(inventory, "train"), **inputs}
     if "prep_inputs" in inputs:
         config["stage"]["layers"] = inventory.stages.extract.layers
     return {"dataset": DRAFT, "stage": "train", "command": settings.command, "source": "", "kind": "native",
@@ -94,8 +95,8 @@ def draft_chunked(inventory: Inventory, preps: dict[str, str]) -> dict[str, Any]
         "stall_after": max(extract.stall_after, training.stall_after), "log_limit": extract.log_limit,
         "config": {"dataset": {}, "inventory": stage_config(inventory, "extract")["inventory"], "prep_inputs": preps,
                    "stage": {"disk_budget": extract.disk_budget,
-                             "extract": on_host(extract.model_dump(exclude={"stall_after"}), root),
-                             "train": on_host(training.model_dump(exclude={"stall_after"}), root)}},
+                             "extract": on_host(dump(extract, exclude={"stall_after"}), root),
+                             "train": on_host(dump(training, exclude={"stall_after"}), root)}},
         **placement(inventory, "extract"),
     }
 

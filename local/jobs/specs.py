@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from local.inventory.fields import dump
+
 if TYPE_CHECKING:
-    from local.inventory.schema import Inventory
+    from local.inventory.values import Inventory
 
 
 def spec(inventory: Inventory, dataset: str, stage: str, inputs: list[str] | None = None,
@@ -16,7 +18,7 @@ def spec(inventory: Inventory, dataset: str, stage: str, inputs: list[str] | Non
     `source`: a file it reads in place of the dataset's own, as native chats (tokenize: the target's answers).
     """
     settings = inventory.stage(settings_of(stage))
-    entry = inventory.datasets[dataset].model_dump()
+    entry = dump(inventory.datasets[dataset])
     if source is not None:
         entry |= {"source": source, "kind": "native"}
     config = {"dataset": entry, **stage_config(inventory, stage)}
@@ -44,8 +46,8 @@ def stage_config(inventory: Inventory, stage: str) -> dict[str, Any]:
     """The stage's settings and the target, `{root}` made the host's: the part of `config` every job has."""
     settings = inventory.stage(settings_of(stage))
     root = inventory.host.root
-    return {"stage": on_host(settings.model_dump(exclude={"command", "stall_after"}), root),
-            "inventory": {"target": on_host(inventory.target.model_dump(), root)}}
+    return {"stage": on_host(dump(settings, exclude={"command", "stall_after"}), root),
+            "inventory": {"target": on_host(dump(inventory.target), root)}}
 
 
 def placement(inventory: Inventory, stage: str) -> dict[str, Any]:
@@ -63,7 +65,7 @@ def all_specs(inventory: Inventory) -> dict[str, dict[str, Any]]:
     return {
         f"{name}/{stage}": spec(inventory, name, stage)
         for name in inventory.datasets
-        for stage in inventory.stages.model_dump()  # every stage the schema declares, in its order
+        for stage in inventory.stage_names()  # every stage the schema declares, in its order
     }
 
 

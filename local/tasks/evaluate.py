@@ -13,6 +13,7 @@ import time
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, Callable
 
+from local.inventory.fields import dump
 from local.jobs import specs
 from local.exceptions import AerieError
 from local.jobs.pipeline import GPU_STAGES
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # the schema and rich load only when `inv eval` runs, not wit
     from rich.console import Console
 
     from local.host.verbs import RemoteHost
-    from local.inventory.schema import Inventory
+    from local.inventory.values import Inventory
 
 STAGE = "eval"
 KEY = layout.job_key(DRAFT, STAGE)
@@ -41,7 +42,7 @@ def spec(inventory: Inventory) -> dict[str, Any]:
     model = settings.model or inventory.target.model
     if not model:
         raise AerieError(f"{inventory.path}: inv eval needs the target: set target.model or stages.eval.model")
-    stage = settings.model_dump(exclude={"command", "stall_after"})
+    stage = dump(settings, exclude={"command", "stall_after"})
     # The offline route's draft: the weights (`draft`) in draft/train's output on the host.
     trained = layout.output_dir(PurePosixPath(root), DRAFT, "train") / "draft"
     stage.update(model=model, drafts=settings.drafts or {DEFAULT_DRAFT: str(trained)})
@@ -49,7 +50,7 @@ def spec(inventory: Inventory) -> dict[str, Any]:
         "dataset": DRAFT, "stage": STAGE, "command": settings.command, "source": "", "kind": "native",
         "stall_after": settings.stall_after, "log_limit": settings.log_limit,
         "config": {"stage": specs.on_host(stage, root),
-                   "inventory": {"target": specs.on_host(inventory.target.model_dump(), root)}},
+                   "inventory": {"target": specs.on_host(dump(inventory.target), root)}},
     }
 
 

@@ -20,7 +20,8 @@ from local.validation import samples
 from local.exceptions import AerieError
 from local.host.verbs import RemoteHost
 from local.visible import visible_all
-from local.inventory.schema import Inventory
+from local.inventory.fields import dump
+from local.inventory.values import Inventory
 from remote.eagle3.target_memory import decimal
 from remote.sizing import engine_refusal, size_text, refusal
 
@@ -30,7 +31,7 @@ def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]
     extract, train, prep = inventory.stages.extract, inventory.stages.train, inventory.stages.prep
     return {
         "root": root, "readiness": readiness(inventory, root, names),
-        "model": specs.on_host(inventory.target.model_dump(), root)["model"],
+        "model": specs.on_host(dump(inventory.target), root)["model"],
         "layers": extract.layers, "dtype": extract.dtype, "disk_budget": extract.disk_budget,
         "route": extract.route, "engine": train.engine, "extract_engine": extract.engine, "max_length": prep.max_length,
         "epochs": train.epochs, "passes": extract.passes or train.epochs, "resident": extract.command is None,
@@ -48,7 +49,7 @@ def readiness(inventory: Inventory, root: str, names: list[str] | None = None) -
     """What `remote/readiness.py` checks before a run of `names` (default: every dataset): the target and its
     tokenizer, the layer ids against it, an inference server for prompts datasets. A stage with a `command`
     of its own runs the user's code: its checks are left out."""
-    stages, target = inventory.stages, specs.on_host(inventory.target.model_dump(), root)
+    stages, target = inventory.stages, specs.on_host(dump(inventory.target), root)
     chosen = inventory.select(names) if inventory.datasets else []
     prompts = [name for name in chosen if inventory.datasets[name].kind == "prompts"]
     checks = [name for name, wanted in (("tokenizer", chosen and stages.prep.command is None),

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from local.inventory.fields import dump
 from local.jobs import specs
 from local.exceptions import AerieError
 from local.validation.cache import ValidationCache, keys
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from local.inventory.schema import Inventory
+    from local.inventory.values import Inventory
 
 
 def sample_of(inventory: Inventory, name: str) -> str:
@@ -40,13 +41,13 @@ def sample_of(inventory: Inventory, name: str) -> str:
 
 
 def request(inventory: Inventory) -> dict[str, Any]:
-    target = inventory.target.model_dump()
+    target = dump(inventory.target)
     if inventory.host is not None:  # `{root}`: the one host's (on the local backend, this machine's)
         target = specs.on_host(target, inventory.host.root)
     return {
         "target": target,
-        "stage": inventory.stages.prep.model_dump(exclude={"command", "stall_after"}),
-        "datasets": {name: {**inventory.datasets[name].model_dump(), "sample": sample_of(inventory, name),
+        "stage": dump(inventory.stages.prep, exclude={"command", "stall_after"}),
+        "datasets": {name: {**dump(inventory.datasets[name]), "sample": sample_of(inventory, name),
                             # the key the user wrote, for a message about a file that is not there
                             "sample_key": "sample" if inventory.datasets[name].sample else "source",
                             "limit": inventory.datasets[name].limit or 200}
