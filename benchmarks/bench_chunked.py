@@ -39,10 +39,10 @@ EXTRACT = {"layers": [0, 1, 2], "dtype": "float32"}
 
 def settings(stage: str, values: dict[str, Any]) -> dict[str, Any]:
     """Every default of the inventory's schema under `values`, as the workstation sends them."""
-    from local.inventory.schema import Stages
+    from local.inventory.fields import dump
+    from local.inventory.stages import settings_class
 
-    model = Stages.model_fields[stage].annotation
-    return {**model().model_dump(exclude={"command", "stall_after"}), **values}
+    return {**dump(settings_class(stage)(), exclude={"command", "stall_after"}), **values}
 
 
 def build_wired_target(target: Path) -> None:

@@ -31,7 +31,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from local.inventory.schema import Prep
+from local.inventory.fields import dump
+from local.inventory.stages import Prep
 from remote.prep.preparer import run_prep
 from remote.prep.prep_settings import PrepSettings, Target
 
@@ -45,7 +46,7 @@ WORDS = (
 
 def _settings(**values: Any) -> PrepSettings:
     """Prep's settings as the workstation sends them: the inventory's defaults, then these."""
-    return PrepSettings.from_config({**Prep().model_dump(exclude={"command", "stall_after"}), **values})
+    return PrepSettings.from_config({**dump(Prep(), exclude={"command", "stall_after"}), **values})
 
 
 def reasoning_rows(records: int, exchanges: int = 1, seed: int = 0) -> list[dict[str, Any]]:

@@ -21,13 +21,16 @@ def resolve_path(name_or_path: str) -> Path:
     return INVENTORIES / f"{name_or_path}.yaml"
 
 
-def write_replacing(path: Path, text: str) -> None:
-    """`text` into a name unique to this writer beside `path`, then renamed over it: a reader (or a
+def write_replacing(path: Path, text: str | bytes) -> None:
+    """`text` (or bytes) into a name unique to this writer beside `path`, then renamed over it: a reader (or a
     concurrent `inv`) sees the old file or the new one, whole. OSError (read-only, disk full) is raised."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.stem}.{os.getpid()}.{os.urandom(8).hex()}.tmp")
     try:
-        temporary.write_text(text)
+        if isinstance(text, bytes):
+            temporary.write_bytes(text)
+        else:
+            temporary.write_text(text)
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)

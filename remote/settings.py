@@ -1,7 +1,7 @@
 """Stage settings on the host have no defaults of their own.
 
 Each setting is declared once, with its default and its doc, in the inventory's
-schema (`local/inventory/schema.py`). The workstation resolves every default there and
+schema (`local/inventory/stages.py`). The workstation resolves every default there and
 sends each stage's complete settings in the job's spec, so a key missing here is
 a spec from an older workstation or one written by hand: the stage says which
 key in one line instead of guessing a second default that would drift from the

@@ -115,7 +115,7 @@ def bench_ssh(tmp_path: Path, sshd: SshServer) -> Bench:
 
 
 def test_the_ssh_command_line_carries_the_inventory_s_view_of_the_host(tmp_path: Path) -> None:
-    from local.inventory.schema import Host
+    from local.inventory.values import Host
 
     host = Host(address="gpubox", port=2222, user="root", identity="~/keys/id", known_hosts=str(tmp_path / "kh"),
                 ssh_config="none", root="/r", connect_timeout=7.4, keepalive=9)

@@ -139,9 +139,9 @@ def test_inv_plan_and_inv_run_s_refusal_through_the_real_tasks(tmp_path: Path) -
 
 def pipeline_for(route: str, engine: str = "aerie") -> list[dict]:
     from local.jobs import pipeline
-    from local.inventory.schema import Inventory
+    from local.inventory import schema
 
-    inventory = Inventory.model_validate({
+    inventory = schema.validate({
         "backend": "local", "host": {"root": "/r"},
         "stages": {"extract": {"route": route, "disk_budget": "1T", "layers": [2, 30, 58]}, "train": {"engine": engine, **(
             {"specforge_server_urls": ["http://c:30000"], "specforge_mooncake": {"metadata_server": "http://m:8080/metadata",

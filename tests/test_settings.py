@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from local.inventory.schema import Stage, Stages
+from local.inventory.stages import Stage, Stages, settings_class, stage_names
 from remote.eagle3 import StageInputError
 from remote.eagle3.extract_settings import ExtractSettings
 from remote.eagle3.train_settings import TrainSettings
@@ -22,7 +22,7 @@ from benchmarks.harness.stage_settings import complete
 
 HOST_SETTINGS = {"prep": PrepSettings, "infer": InferSettings, "extract": ExtractSettings, "train": TrainSettings,
                  "eval": EvalSettings}
-SCHEMA_KEYS = sorted({key for field in Stages.model_fields.values() for key in field.annotation.model_fields})
+SCHEMA_KEYS = sorted({f.name for stage in stage_names() for f in dataclasses.fields(settings_class(stage))})
 #: The schema's keys a stage's settings class leaves out, and why: any other key of the schema is in the class.
 NOT_IN_THE_CLASS = {
     "prep": set(),
@@ -40,16 +40,20 @@ STAGE_CODE = {"remote/eagle3/specforge.py": "train", "remote/orchestration/resid
               "remote/orchestration/chunked.py": None}  # None: the receiver's name says (self.train, self.extract)
 
 
+def keys(cls: type) -> set[str]:
+    """The keys an inventory gives a class of the schema (its fields)."""
+    return {f.name for f in dataclasses.fields(cls)}
+
 def test_every_stage_of_the_schema_has_a_typed_settings_class_on_the_host() -> None:
-    assert sorted(HOST_SETTINGS) == sorted(Stages.model_fields)
+    assert sorted(HOST_SETTINGS) == sorted(stage_names())
     for stage, cls in HOST_SETTINGS.items():
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, f"{stage}: {cls.__name__} is not frozen"
 
 
 @pytest.mark.parametrize("stage", HOST_SETTINGS)
 def test_a_stage_s_settings_class_has_every_key_of_its_schema_but_those_named_as_read_elsewhere(stage: str) -> None:
-    """A key added to `local.inventory.schema` must be added to the host's class too, or named here with the reason."""
-    schema = set(Stages.model_fields[stage].annotation.model_fields) - set(Stage.model_fields)
+    """A key added to `local.inventory.stages` must be added to the host's class too, or named here with the reason."""
+    schema = keys(settings_class(stage)) - keys(Stage)
     fields = {f.name for f in dataclasses.fields(HOST_SETTINGS[stage])}
     assert fields == schema - NOT_IN_THE_CLASS[stage]
     assert NOT_IN_THE_CLASS[stage] <= schema, f"{stage}: NOT_IN_THE_CLASS names keys the schema lacks"
@@ -158,8 +162,8 @@ def test_the_hosts_typed_settings_have_required_fields_only_and_all_are_in_the_s
     fields = dataclasses.fields(HOST_SETTINGS[stage])
     with_default = [f.name for f in fields if f.default is not dataclasses.MISSING
                     or f.default_factory is not dataclasses.MISSING]
-    assert with_default == [], f"{stage}: a second default for {with_default}: declare it in local/inventory/schema.py only"
-    schema = Stages.model_fields[stage].annotation.model_fields
+    assert with_default == [], f"{stage}: a second default for {with_default}: declare it in local/inventory/stages.py only"
+    schema = keys(settings_class(stage))
     assert [f.name for f in fields if f.name not in schema] == []
 
 
@@ -214,10 +218,10 @@ def test_the_job_spec_carries_every_setting_of_its_stage(tmp_path: Path) -> None
     from local.inventory.schema import load
 
     inventory = load("local")
-    for stage in Stages.model_fields:
+    for stage in stage_names():
         name = next(iter(inventory.datasets))
         sent = specs.spec(inventory, name, stage)["config"]["stage"]
-        declared = set(Stages.model_fields[stage].annotation.model_fields) - {"command", "stall_after"}
+        declared = keys(settings_class(stage)) - {"command", "stall_after"}
         assert declared <= set(sent), f"{stage}: the spec lacks {declared - set(sent)}"
 
 

@@ -22,7 +22,7 @@ from local.visible import visible
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from local.inventory.schema import Inventory
+    from local.inventory.values import Inventory
 
 T = TypeVar("T")
 

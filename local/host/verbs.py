@@ -15,7 +15,7 @@ from local.transport.protocol import Transport, open_transport
 from remote.control_plane.wire import decode
 
 if TYPE_CHECKING:
-    from local.inventory.schema import Inventory
+    from local.inventory.values import Inventory
 
 NOT_DEPLOYED = 90  # the exit code of the guard in front of every job command
 #: Verbs whose code is the standard library only: their Python starts with -S, since a host

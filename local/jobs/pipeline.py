@@ -23,7 +23,7 @@ from remote.control_plane import layout
 from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE
 
 if TYPE_CHECKING:
-    from local.inventory.schema import Inventory
+    from local.inventory.values import Inventory
 
 GPU_STAGES = {"infer", "extract", "train"}
 

@@ -9,11 +9,12 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from local.exceptions import AerieError
+from local.inventory.fields import dump
 from remote.control_plane import layout
 from remote.control_plane.states import DRAFT
 
 if TYPE_CHECKING:
-    from local.inventory.schema import Inventory
+    from local.inventory.values import Inventory
 
 #: A stage's settings that its spec carries as keys of its own, so that its config leaves them out: the
 #: host's supervisor runs `command` and watches `stall_after`; the stage reads neither.
@@ -136,9 +137,9 @@ def dataset_entry(inventory: Inventory, name: str) -> dict[str, Any]:
     return dumped(inventory.datasets[name], None)
 
 
-def dumped(model: Any, root: str | None, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """An inventory model's values less `exclude`, `{root}` made `root` (None: as written): the one dump of them."""
-    values = model.model_dump(exclude=set(exclude))
+def dumped(values_of: Any, root: str | None, exclude: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """An inventory record's values less `exclude`, `{root}` made `root` (None: as written): the one dump of them."""
+    values = dump(values_of, exclude=exclude)
     return values if root is None else on_host(values, root)
 
 

@@ -35,7 +35,7 @@ def check(host: RemoteHost, console: Console, install: bool = False) -> list[dic
             out.close()
     results = host.call_sent("check", layers=inventory.stages.extract.layers, dtype=inventory.stages.extract.dtype,
                              datasets=list(inventory.datasets),
-                             model=specs.on_host(inventory.target.model_dump(), host.root)["model"],
+                             model=specs.dumped(inventory.target, host.root)["model"],
                              server_url=inventory.stages.infer.server_url,
                              readiness=planning.readiness(inventory, host.root),
                              extract_engine=inventory.stages.extract.engine)

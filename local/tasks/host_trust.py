@@ -10,7 +10,7 @@ from local.exceptions import AerieError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from local.inventory.schema import Inventory
+    from local.inventory.values import Inventory
 
 
 def trust(inventory: Inventory, console: Console, expect: str | None, yes: bool) -> None:

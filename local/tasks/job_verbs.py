@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from local.host.verbs import RemoteHost
-    from local.inventory.schema import Inventory
+    from local.inventory.values import Inventory
 
 
 def mine(host: RemoteHost, datasets: list[str] | None) -> list[str] | None:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from local.host.verbs import RemoteHost
-    from local.inventory.schema import Inventory
+    from local.inventory.values import Inventory
 
 
 def run(host: RemoteHost, console: Console, datasets: list[str] | None, route: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from local.exceptions import AerieError
 from local.host.verbs import RemoteHost
 from local.views import plan_tables
 from local.visible import visible_all
-from local.inventory.schema import Inventory
+from local.inventory.values import Inventory
 from remote.sizing import engine_refusal, refusal
 
 if TYPE_CHECKING:

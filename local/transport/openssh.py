@@ -29,7 +29,7 @@ from local.transport.process import Result, run_process
 from local.transport.ssh_checks import known_hosts, refuse_non_loopback
 
 if TYPE_CHECKING:
-    from local.inventory.schema import Host
+    from local.inventory.values import Host
 
 #: ssh's own exit code when the connection (not the remote command) failed.
 SSH_FAILED = 255

@@ -18,7 +18,7 @@ from local.transport.process import Result
 from local.transport.ssh_checks import known_hosts, refuse_non_loopback
 
 if TYPE_CHECKING:
-    from local.inventory.schema import Host
+    from local.inventory.values import Host
 
 
 class UnknownHostKey(paramiko.SSHException):

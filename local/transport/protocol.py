@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from local.transport.process import Result, run_process
 
-if TYPE_CHECKING:  # the schema (pydantic) stays unimported on the fast path: local/inventory/loader.py
-    from local.inventory.schema import Host
+if TYPE_CHECKING:
+    from local.inventory.values import Host
 
 
 class Transport(Protocol):

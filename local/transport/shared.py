@@ -9,14 +9,16 @@ first one's SSH connection instead of paying a key exchange and authentication a
 from __future__ import annotations
 
 import atexit
+import json
 import threading
 from typing import TYPE_CHECKING, BinaryIO
 
+from local.inventory.fields import dump
 from local.transport.process import Result
 from local.transport.protocol import Transport, open_transport
 
 if TYPE_CHECKING:
-    from local.inventory.schema import Host
+    from local.inventory.values import Host
 
 _open: dict[str, Transport] = {}
 _lock = threading.Lock()
@@ -37,7 +39,7 @@ class Shared:
 
 def shared(host: Host) -> Shared:
     """This process's transport to `host`, opened on first use; one that dropped is replaced."""
-    key = host.model_dump_json()
+    key = json.dumps(dump(host), sort_keys=True)
     with _lock:
         transport = _open.get(key)
         if transport is None or getattr(transport, "is_dropped", False):

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from local.exceptions import AerieError
 
-if TYPE_CHECKING:  # the schema (pydantic) stays unimported on the fast path
-    from local.inventory.schema import Host
+if TYPE_CHECKING:
+    from local.inventory.values import Host
 
 #: Set by the test suite: refuse any SSH address that is not loopback.
 LOOPBACK_ONLY_ENV = "AERIE_TEST_ONLY_LOOPBACK"

@@ -24,7 +24,7 @@ from remote.control_plane.wire import decode
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from local.inventory.schema import Inventory
+    from local.inventory.values import Inventory
 
 
 def sample_of(inventory: Inventory, name: str) -> str:

@@ -9,7 +9,7 @@ from enum import Enum
 
 #: The pseudo datasets of `inv run`'s own jobs, named once for both sides: its runner (`pipeline/run`)
 #: and the draft trained over every dataset (`draft/train`, `draft/chunked`, `draft/eval`). Neither
-#: can be a dataset's name (local/inventory/schema.py refuses them).
+#: can be a dataset's name (local/inventory/values.py refuses them).
 RUNNER = "pipeline"
 DRAFT = "draft"
 #: The runner's stage: the runner's job is (RUNNER, RUNNER_STAGE); `remote.control_plane.layout` keys it.

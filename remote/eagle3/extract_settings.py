@@ -1,6 +1,6 @@
 """The extract stage's settings (``stages.extract``), typed once from the stage's JSON config.
 
-Declared, with their defaults and docs, in `local.inventory.schema.Extract` alone: the
+Declared, with their defaults and docs, in `local.inventory.stages.Extract` alone: the
 workstation sends every one (remote/settings.py). The chunked route reads the
 same class for the keys it shares with extract.
 """

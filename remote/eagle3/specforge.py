@@ -134,7 +134,7 @@ def specforge_dir(stage: dict[str, Any], env: dict[str, str] | None = None, init
 
 def missing_online_settings(settings: TrainSettings, stage: dict[str, Any]) -> list[str]:
     """The online route's settings SpecForge's launcher cannot do without and aerie cannot choose
-    (`local.inventory.schema.Train.specforge_refusal` asks for them first; this is the host's defence);
+    (`local.inventory.stages.Train.specforge_refusal` asks for them first; this is the host's defence);
     ``specforge_mooncake``, unset unless given, is read from the stage's config `stage`."""
     mooncake = stage.get("specforge_mooncake") or {}
     missing = [] if settings.specforge_server_urls else ["specforge_server_urls"]

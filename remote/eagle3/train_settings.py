@@ -1,6 +1,6 @@
 """The train stage's settings (``stages.train``), typed once from the stage's JSON config.
 
-Declared, with their defaults and docs, in `local.inventory.schema.Train` alone: the
+Declared, with their defaults and docs, in `local.inventory.stages.Train` alone: the
 workstation sends every one (remote/settings.py). Both engines and the chunked
 route (`remote.orchestration.chunked`, `remote.orchestration.resident`) read this one class.
 
@@ -25,7 +25,7 @@ REPORTERS = ("none", "tensorboard", "wandb")
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """What the train stage reads of ``stages.train`` (the docs are `local.inventory.schema.Train`'s)."""
+    """What the train stage reads of ``stages.train`` (the docs are `local.inventory.stages.Train`'s)."""
 
     #: ``aerie`` (`remote.stages.train`, plain torch) or ``specforge`` (`remote.eagle3.specforge`).
     engine: str

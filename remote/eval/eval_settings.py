@@ -1,6 +1,6 @@
 """The eval stage's settings (``stages.eval``), typed once from the stage's JSON config.
 
-Declared, with their defaults and docs, in `local.inventory.schema.Eval` alone: the
+Declared, with their defaults and docs, in `local.inventory.stages.Eval` alone: the
 workstation sends every one, ``drafts`` and ``model`` resolved (remote/settings.py).
 """
 

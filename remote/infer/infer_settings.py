@@ -1,6 +1,6 @@
 """The infer stage's settings, read from the stage's part of ``$AERIE_CONFIG``.
 
-The inventory validates them on the workstation (`local.inventory.schema.Infer`);
+The inventory validates them on the workstation (`local.inventory.stages.Infer`);
 they are checked again here because the host only sees JSON, and a stage run by
 hand must fail with a line naming the key, not a traceback.
 """

@@ -19,7 +19,7 @@ REASONING = ("expand", "preserve")
 
 @dataclass(frozen=True)
 class PrepSettings:
-    """``stages.prep`` of the inventory, declared (with defaults and docs) in `local.inventory.schema.Prep` alone:
+    """``stages.prep`` of the inventory, declared (with defaults and docs) in `local.inventory.stages.Prep` alone:
     the workstation sends every field (see remote/settings.py)."""
 
     max_length: int
