@@ -13,8 +13,6 @@ from local.cli import exit_without_collecting, inventory_name, number, split, ta
 from local.console import console
 from local.host.fleet import fleet
 from local.inventory.loader import load
-from local.tasks import deployment, host_trust, job_verbs, pipeline_run, status_query
-from local.views import live
 from local.views.status_data import any_bad
 
 exit_without_collecting()  # a command ends about 80 ms sooner (see there)
@@ -26,7 +24,7 @@ DATASET = "comma-separated dataset names; default: all of the inventory's"
 @task(help={"inventory": INVENTORY, "json": "print a JSON list instead of the table"})
 def validate(c: Context, inventory: str | None = None, json: bool = False) -> None:
     """Run prep over each dataset's local sample here; fail on any that would give zero records."""
-    from local.validation import samples  # in the tasks that validate: not a cost of `inv status`
+    from local.validation import samples  # NOTE: each task imports its own body: `inv --list` none, `inv status` one
 
     samples.check(load(inventory_name(c, inventory)), console(), as_json=json)
 
@@ -35,6 +33,7 @@ def validate(c: Context, inventory: str | None = None, json: bool = False) -> No
             "revalidate": "validate every dataset again, even those whose sample, prep code and settings are unchanged"})
 def deploy(c: Context, inventory: str | None = None, dry_run: bool = False, revalidate: bool = False) -> None:
     """Check locally, then sync remote/ to the host(s) as a new release, atomically."""
+    from local.tasks import deployment
     from local.validation import samples
 
     with fleet(inventory_name(c, inventory)) as hosts:
@@ -46,6 +45,8 @@ def deploy(c: Context, inventory: str | None = None, dry_run: bool = False, reva
             "force": "run again a job that has succeeded (its output is kept until the new run succeeds)"})
 def launch(c: Context, stage: str, dataset: str | None = None, inventory: str | None = None, force: bool = False) -> None:
     """Start one detached job per dataset for a stage."""
+    from local.tasks import job_verbs
+
     with fleet(inventory_name(c, inventory)) as hosts:
         hosts.inventory.stage(stage)  # an unknown stage or dataset is refused before anything runs
         hosts.inventory.select(split(dataset))
@@ -57,6 +58,8 @@ def launch(c: Context, stage: str, dataset: str | None = None, inventory: str | 
             "watch": "refresh the table in place every N seconds (Ctrl-C ends)"})
 def status(c: Context, inventory: str | None = None, json: bool = False, watch: str = "") -> None:
     """Every job's state, records, rate and last line, from one remote command per host."""
+    from local.tasks import status_query
+
     every = number(watch, "--watch", float) if watch else 0.0
     with fleet(inventory_name(c, inventory)) as hosts:
         state = status_query.status(hosts.status, console(), hosts.title, as_json=json, watch=every)
@@ -69,6 +72,8 @@ def status(c: Context, inventory: str | None = None, json: bool = False, watch: 
 def rerun(c: Context, failed: bool = True, dataset: str | None = None, stage: str | None = None,
           inventory: str | None = None) -> None:
     """Relaunch exactly the jobs that failed, died, came out empty, stalled or were blocked behind them, on the current release."""
+    from local.tasks import job_verbs
+
     with fleet(inventory_name(c, inventory)) as hosts:
         names, stages = hosts.inventory.select(split(dataset)) if dataset else None, split(stage)
         for one in stages or []:
@@ -83,6 +88,8 @@ def rerun(c: Context, failed: bool = True, dataset: str | None = None, stage: st
 def logs(c: Context, dataset: str, stage: str | None = None, n: str = "50", follow: bool = False, raw: bool = False,
          inventory: str | None = None) -> None:
     """Print the end of a job's log, or follow it; control characters shown unless --raw."""
+    from local.tasks import job_verbs
+
     lines = number(n, "-n", int)
     with fleet(inventory_name(c, inventory)) as hosts:
         job_verbs.logs(hosts.host_of(dataset), dataset, stage, lines, follow, raw=raw)
@@ -93,6 +100,8 @@ def logs(c: Context, dataset: str, stage: str | None = None, n: str = "50", foll
 def stop(c: Context, dataset: str | None = None, all: bool = False, stage: str | None = None,
          inventory: str | None = None) -> None:
     """End running jobs (their whole process group) and record them as stopped."""
+    from local.tasks import job_verbs
+
     if not (dataset or all):
         raise Exit("aerie: name the datasets to stop (inv stop -d A1,B5) or pass --all", code=2)
     with fleet(inventory_name(c, inventory)) as hosts:
@@ -105,6 +114,8 @@ def stop(c: Context, dataset: str | None = None, all: bool = False, stage: str |
             "yes": "trust without asking (after checking the fingerprint yourself)"})
 def trust(c: Context, inventory: str | None = None, fingerprint: str | None = None, yes: bool = False) -> None:
     """Show the host's key fingerprint and add it to known_hosts when you confirm."""
+    from local.tasks import host_trust
+
     for view in load(inventory_name(c, inventory)).views().values():  # each host of the inventory
         host_trust.trust(view, console(), fingerprint, yes)
 
@@ -112,10 +123,11 @@ def trust(c: Context, inventory: str | None = None, fingerprint: str | None = No
 @task(help={"dataset": DATASET, "inventory": INVENTORY, "follow": "show the table (without a terminal: a line per change) until the pipeline ends; exit 1 unless it succeeded"})
 def run(c: Context, dataset: str | None = None, inventory: str | None = None, follow: bool = False) -> None:
     """Start the whole pipeline (prep, infer, tokenize, extract, train) under a runner on each host."""
+    from local.tasks import job_verbs, pipeline_run, planning
+    from local.views import live
+
     with fleet(inventory_name(c, inventory)) as hosts:
         names = hosts.inventory.select(split(dataset)) if dataset else None
-        from local.tasks import planning  # NOTE: here, so other tasks do not import it
-
         routes = hosts.each(lambda host, out: planning.resolve(host, job_verbs.mine(host, names)), console())  # a route that fits, or stop
         hosts.raise_failures(routes)
         hosts.raise_failures(hosts.each(lambda host, out: pipeline_run.run(host, out, names, routes[hosts.name_of(host)]),
@@ -162,6 +174,8 @@ def evaluate(c: Context, inventory: str | None = None, json: bool = False) -> No
 @task
 def demo(c: Context) -> None:
     """Run the whole pipeline on the embedded `local` inventory with a tiny model built offline."""
+    from local.tasks import pipeline_run
+
     with fleet("local") as hosts:
         state = pipeline_run.demo(hosts.single, console())
     if any_bad(state):
