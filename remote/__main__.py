@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from remote.control_plane import eta, executors, gpus, jobs, layout, logfile
+from remote.control_plane import eta, executors, gpus, jobs, layout, logfile, secrets
 from remote.control_plane.states import BAD, DRAFT, JobState
 from remote.control_plane.store import BrokenJob, HostError, JobStore
 from remote.control_plane.wire import emit
@@ -381,7 +381,8 @@ VERBS: dict[str, Callable[[dict[str, Any]], Any]] = {
 
 def main(argv: list[str]) -> int:
     verb, given = argv[0], argv[1] if len(argv) > 1 else "{}"
-    args = json.loads(sys.stdin.read() if given == "-" else given)  # "-": too long for one argument
+    args = json.loads(sys.stdin.read() if given == "-" else given)  # "-": too long for one argument, or secrets
+    secrets.hold(args)  # into this process's environment, which every job it starts inherits
     if verb not in VERBS:
         emit({"error": f"unknown verb {verb!r}: expected one of {', '.join(VERBS)}"})
         return 2

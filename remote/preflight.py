@@ -94,12 +94,24 @@ def served_draft(url: str, layers: list[int]) -> dict[str, Any]:
     return check("inference server", not problems, "; ".join(problems) or f"{url}: {algorithm}, layers agree")
 
 
+def job_processes() -> dict[str, Any]:
+    """Whether `inv stop` can end every process a job starts here (a cgroup per job), or its process group only."""
+    from remote.control_plane import cgroups
+
+    parent, how = cgroups.where()
+    if parent is not None:
+        return check("job processes", True, f"{how}: `inv stop` ends every process a job started, setsid or not")
+    return check("job processes", False, f"{how}: each job is its process group, and a process that leaves it "
+                 "(setsid) outlives `inv stop`", warn_only=True)
+
+
 def run(args: dict[str, Any]) -> list[dict[str, Any]]:
     layers = args["layers"]
     return [
         python(),
         *packages(),
         gpus(),
+        job_processes(),
         disk(Path(args["root"]), args["datasets"], layers, args.get("model"), args["dtype"]),
         served_draft(args["server_url"], layers),
         *extract_engines(args.get("model"), args["dtype"], args.get("extract_engine")),

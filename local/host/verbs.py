@@ -24,6 +24,8 @@ NOT_DEPLOYED = 90  # the exit code of the guard in front of every job command
 BARE_VERBS = frozenset({"status", "launch", "run", "rerun", "stop", "logs", "eval_report"})
 RELEASE_AGENT = (REPO / "remote" / "control_plane" / "release.py").read_text()
 SENT_AGENT = REPO / "remote" / "control_plane" / "sent.py"
+#: Verbs that start jobs: they are sent the inventory's secrets (local/inventory/secret_values.py), on stdin only.
+JOB_VERBS = frozenset({"launch", "run", "rerun"})
 #: Longer JSON arguments go on stdin: Linux refuses one argument over 128 KiB (MAX_ARG_STRLEN), which
 #: the specs of a launch of about 120 jobs reach.
 INLINE_ARGS = 64 * 1024
@@ -49,12 +51,19 @@ class RemoteHost:
         """The shell command that runs `verb`, and its stdin: the JSON arguments, unless short enough
         to be the command's last argument (`-` then reads them from stdin)."""
         current = shlex.quote(f"{self.root}/current")
-        payload = json.dumps({"root": self.root, **args})
-        inline = len(payload) <= INLINE_ARGS
+        secrets = self._secrets() if verb in JOB_VERBS else {}
+        payload = json.dumps({"root": self.root, **args, **({"secrets": secrets} if secrets else {})})
+        # NOTE: a secret never goes on the command line: another user of the host may read it there (ps).
+        inline = len(payload) <= INLINE_ARGS and not secrets
         return (f"[ -d {current} ] || exit {NOT_DEPLOYED}; cd {current} && "
                 f"{self._env()}PYTHONPATH=.${{PYTHONPATH:+:$PYTHONPATH}} exec {shlex.quote(self.python)}"
                 f"{' -S' if verb in BARE_VERBS else ''} -m remote {verb} {shlex.quote(payload) if inline else '-'}",
                 None if inline else payload.encode())
+
+    def _secrets(self) -> dict[str, str]:
+        from local.inventory import secret_values  # here: `inv status` never reads them
+
+        return secret_values.values(self.inventory)
 
     def _env(self) -> str:
         """`host.env` as shell assignments: values quoted, names checked (the inventory refuses bad ones first)."""

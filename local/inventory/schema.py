@@ -15,6 +15,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from local.exceptions import AerieError
+from local.inventory.secret_values import SECRET_KEYS, masked
 from local.inventory.values import Inventory
 from local.paths import INVENTORIES, REPO, resolve_path  # noqa: F401 (REPO: also this module's API)
 
@@ -63,7 +64,14 @@ def _describe(error: Any) -> str:
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "dataclass_type":  # the words users have read for a mapping that is not one
         message = f"Input should be a valid dictionary or instance of {error['ctx']['class_name']}"
-    return f"{key}: {message} (got {error['input']!r})" if error["loc"] else message
+    return f"{key}: {message} (got {_shown(error['loc'], error['input'])!r})" if error["loc"] else message
+
+
+def _shown(location: tuple[Any, ...], given: Any) -> Any:
+    """What a refusal quotes of the input: never a value that may be a secret (an environment's, a webhook)."""
+    if SECRET_KEYS & {str(part) for part in location}:
+        return masked(given, "env")
+    return masked(given)
 
 
 def _unknown_key(location: tuple[Any, ...]) -> str:

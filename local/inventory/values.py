@@ -44,6 +44,9 @@ class Host(Strict):
         for key in self.env:
             if not ENV_NAME.fullmatch(key):
                 raise ValueError(f"env key {key!r} is not an environment variable name (letters, digits, '_'; not first a digit)")
+            if "${" in self.env[key]:
+                raise ValueError(f"env.{key}: host.env is set as written, never expanded: to forward a variable of "
+                                 "this machine, name it in `secrets:` (every job and the inference server get it)")
 
 
 @value_class
@@ -121,6 +124,22 @@ class Slurm(Resources):
 
 
 @value_class
+class Notify(Strict):
+    """`notify:`: word from the host when a pipeline run ends (remote/control_plane/notify.py), the laptop closed or not."""
+
+    url: str | None = setting(None, "a webhook (Slack's or Discord's incoming webhook; JSON with `text` and `content`); "
+                              "a secret: write ${NAME} and NAME's value is read from this machine's environment")
+    command: str | None = setting(None, "a shell command run on the host, the message on its stdin and in "
+                                  "$AERIE_NOTIFY_MESSAGE, the end state in $AERIE_NOTIFY_STATE")
+    jobs: bool = setting(False, "also when any job of the run fails, not only when the run ends")
+    timeout: float = setting(5.0, "seconds one notification may take; a failed one is logged, never fails the run", gt=0)
+
+    def __post_init__(self) -> None:
+        if not (self.url or self.command):
+            raise ValueError("give `url` (a webhook), `command`, or both")
+
+
+@value_class
 class Inventory(Strict):
     """A whole inventory file, and what tasks ask of it."""
 
@@ -132,6 +151,9 @@ class Inventory(Strict):
     stages: Stages = setting(factory=Stages)
     datasets: dict[str, Dataset] = setting(factory=dict)
     deploy: Deploy = setting(factory=Deploy)
+    secrets: list[str] = setting(factory=list, description="variables of this machine's environment every job and "
+                                 "the inference server get on the host, e.g. [HF_TOKEN]; never stored there")
+    notify: Notify | None = setting(None, "word when a pipeline run ends: a webhook and/or a command, from the host")
     #: Where the file was read from, for messages (not a YAML key).
     path: Path | None = field(default=None, init=False, compare=False, repr=False)
 
@@ -143,6 +165,9 @@ class Inventory(Strict):
         for name, host in ({"host": self.host} if self.host else self.hosts).items():
             if self.backend == "ssh" and not host.address:
                 raise ValueError(f"{name if name == 'host' else 'hosts.' + name}.address is required when backend is ssh")
+        for name in self.secrets:
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(f"secrets: {name!r} is not an environment variable name (letters, digits, '_'; not first a digit)")
         for name in self.datasets:
             if not DATASET_NAME.fullmatch(name) or name in RESERVED_NAMES:
                 raise ValueError(f"datasets: {name!r} is not a dataset name: use {DATASET_NAME_RULE} characters"

@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from local.inventory import secret_values
 from local.jobs.specs import (JobSpec, dataset_entry, job_spec, placement, shared_config, spec, stage_config,
                               stage_settings)
 from remote.control_plane import layout
@@ -101,7 +102,17 @@ def draft_chunked(inventory: Inventory, preps: dict[str, str]) -> JobSpec:
 def server_settings(inventory: Inventory) -> dict[str, Any]:
     infer = inventory.stages.infer
     return {"command": infer.server_command and infer.server_command.replace("{root}", inventory.host.root),
-            "url": infer.server_url, "start_timeout": infer.server_start_timeout, "env": infer.server_env}
+            "url": infer.server_url, "start_timeout": infer.server_start_timeout,
+            "env": secret_values.seal_env("stages.infer.server_env", infer.server_env)}
+
+
+def notify_settings(inventory: Inventory) -> dict[str, Any] | None:
+    """`notify:` as the runner reads it (remote/control_plane/notify.py): the webhook sealed, never in clear."""
+    notify = inventory.notify
+    if notify is None:
+        return None
+    return {"url": notify.url and secret_values.seal("notify.url", notify.url), "command": notify.command,
+            "jobs": notify.jobs, "timeout": notify.timeout}
 
 
 def runner_spec(inventory: Inventory, datasets: list[str] | None, route: str) -> JobSpec:
@@ -109,6 +120,7 @@ def runner_spec(inventory: Inventory, datasets: list[str] | None, route: str) ->
     server = server_settings(inventory)
     # NOTE: what the plan was built from: `inv rerun` rebuilds the plan from the inventory as it is then.
     built_from = {"datasets": inventory.select(datasets), "route": route}
-    stage = {"plan": graph(inventory, datasets, route), "server": server, "fresh": True, "built_from": built_from}
+    stage = {"plan": graph(inventory, datasets, route), "server": server, "fresh": True, "built_from": built_from,
+             "notify": notify_settings(inventory)}
     # NOTE: stall_after: it beats every tick; waiting on a long job is not a stall.
     return job_spec(RUNNER, RUNNER_STAGE, {"stage": stage}, command=None, stall_after=10 ** 9, executor="process")

@@ -9,6 +9,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from local.exceptions import AerieError
+from local.inventory import secret_values
 from local.inventory.fields import dump
 from remote.control_plane import layout
 from remote.control_plane.states import DRAFT
@@ -104,6 +105,7 @@ def eval_spec(inventory: Inventory) -> JobSpec:
     # The offline route's draft: the weights (`draft`) in draft/train's output on the host.
     trained = layout.output_dir(PurePosixPath(root), DRAFT, "train") / "draft"
     resolved = on_host({"model": model, "drafts": settings.drafts or {DEFAULT_DRAFT: str(trained)}}, root)
+    resolved["server_env"] = secret_values.seal_env("stages.eval.server_env", settings.server_env)  # never in clear
     config = {"stage": stage_settings(settings, root) | resolved, "inventory": shared_config(inventory)}
     return job_spec(DRAFT, "eval", config, command=settings.command, stall_after=settings.stall_after,
                     log_limit=settings.log_limit)
@@ -116,8 +118,11 @@ def settings_of(stage: str) -> str:
 
 def stage_config(inventory: Inventory, stage: str) -> dict[str, Any]:
     """The stage's settings and the target, `{root}` made the host's: the part of `config` every job has."""
-    settings = inventory.stage(settings_of(stage))
-    return {"stage": stage_settings(settings, inventory.host.root), "inventory": shared_config(inventory)}
+    name = settings_of(stage)
+    values = stage_settings(inventory.stage(name), inventory.host.root)
+    if "server_env" in values:  # infer's: the stage reads its server's settings, never a secret in clear
+        values["server_env"] = secret_values.seal_env(f"stages.{name}.server_env", values["server_env"])
+    return {"stage": values, "inventory": shared_config(inventory)}
 
 
 def shared_config(inventory: Inventory) -> dict[str, Any]:

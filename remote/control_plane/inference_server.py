@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
-from remote.control_plane import processes
+from remote.control_plane import processes, secrets
 from remote.control_plane.logfile import last_line
 from remote.control_plane.progress import write_json_atomic
 
@@ -35,11 +35,15 @@ class ServerError(Exception):
 def start(command: str, log_path: Path, env: dict[str, str] | None = None) -> int:
     """Start `command` detached in its own session, output appended to `log_path`; return its pid.
 
-    `env` is laid over the current environment. The pid is also the process
-    group id, which is what `stop` signals.
+    `env` is laid over the current environment, its ``${NAME}`` secrets filled in from it
+    (remote/control_plane/secrets.py). The pid is also the process group id, which is what `stop` signals.
     """
     if not command.strip():
         raise ServerError("inference server launch command is empty: set it in the inventory")
+    try:
+        env = secrets.expand_env(env or {})
+    except secrets.MissingSecret as exc:
+        raise ServerError(f"inference server not started: {exc}") from None
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
         process = subprocess.Popen(
@@ -47,7 +51,7 @@ def start(command: str, log_path: Path, env: dict[str, str] | None = None) -> in
             stdin=devnull,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **env},
             start_new_session=True,
         )
     return process.pid

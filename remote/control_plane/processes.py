@@ -2,7 +2,9 @@
 
 A job's supervisor leads a session and process group of its own (its pid is the
 group id, recorded as ``pgid``), and everything the stage starts stays in that
-group. Its stage dies with it (`die_with_parent`); whatever escapes that (a
+group, unless it calls `setsid`: where the host allows, the job also has a cgroup
+of its own (remote/control_plane/cgroups.py), which nothing it starts can leave.
+Its stage dies with it (`die_with_parent`); whatever escapes that (a
 stage that forked before the supervisor died) is ended by group when the job
 is stopped or run again.
 
@@ -19,6 +21,8 @@ import os
 import signal
 import time
 from pathlib import Path
+
+from remote.control_plane import cgroups
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:
@@ -101,9 +105,9 @@ def group_members(record: dict[str, Any]) -> list[int]:
 
 
 def is_ours(record: dict[str, Any]) -> bool:
-    """Whether the recorded process, or what is left of its group, is still the one aerie started:
-    the only processes aerie ever signals."""
-    return is_alive(record) or bool(group_members(record))
+    """Whether the recorded process, or what is left of its group or of its cgroup, is still the one aerie
+    started: the only processes aerie ever signals."""
+    return is_alive(record) or bool(group_members(record)) or bool(cgroups.members(record))
 
 
 def live_members(pgid: int) -> list[int]:
@@ -129,17 +133,20 @@ def live_members(pgid: int) -> list[int]:
 
 
 def end_group(record: dict[str, Any], grace: float = 10.0) -> bool:
-    """End the recorded process group: TERM, then KILL after `grace` seconds. Whether anything of
+    """End the recorded process group, and every process of the job's cgroup where it has one (those
+    that left the group with `setsid` too): TERM, then KILL after `grace` seconds. Whether anything of
     ours was there; a pid that is not ours (`is_ours`) is never signalled.
 
     Works as well when the supervisor was killed and its stage lives on without it.
     """
-    if not signal_group(record, signal.SIGTERM):
+    grouped = signal_group(record, signal.SIGTERM)
+    if not (cgroups.signal_all(record, signal.SIGTERM) or grouped):
         return False
     deadline = time.monotonic() + grace
     while is_ours(record) and time.monotonic() < deadline:
         time.sleep(0.05)
     signal_group(record, signal.SIGKILL)
+    cgroups.kill(record)
     return True
 
 

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from remote.control_plane import inference_server, scratch
+from remote.control_plane import cgroups, inference_server, scratch
 from remote.control_plane.jobs import HEARTBEAT_SECONDS
 from remote.control_plane.logfile import SUPERVISOR_MARK, bounded, last_line, tail
 from remote.control_plane.layout import LOCK, LOG, PROGRESS, SERVER_LOG, SPEC, STATE, STOP
@@ -126,8 +126,11 @@ class Supervisor:
         # Under Slurm the job was only queued by the launcher: this is where it starts, and on which node.
         # The run's id names its temporary files, so that no other run of this job can take them for its own.
         self.run_id = f"{time.time_ns():x}-{os.getpid()}"
+        # Before the stage starts, so that all it starts is in it. Not under Slurm, whose own cgroups hold the job.
+        self.cgroup = None if spec.get("executor") == "slurm" else cgroups.enter(
+            f"{spec['dataset']}.{spec['stage']}.{self.run_id}")
         state.update(state=JobState.RUNNING.value, **identity(os.getpid()), pgid=os.getpgrp(),
-                     node=socket.gethostname(), run=self.run_id,
+                     node=socket.gethostname(), run=self.run_id, cgroup=self.cgroup,
                      started_at=state.get("started_at") or time.time())
         write_json_atomic(self.state_path, state)
         # Every byte of the log passes through here from now on, so that it stays under its limit.
@@ -149,6 +152,7 @@ class Supervisor:
             self._log_line(f"inference server: {exc}")
             exit_code = 1
         ended = self._finish(state, exit_code)
+        cgroups.leave(self.cgroup)
         # Only a success exits 0: Slurm's `afterok` dependents (and its own end state) read this.
         return 0 if ended == JobState.SUCCEEDED else 1
 

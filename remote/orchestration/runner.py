@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from remote.control_plane import inference_server, jobs, layout
+from remote.control_plane import inference_server, jobs, layout, notify
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.stages import StageContext
 from remote.control_plane.states import JobState
@@ -177,8 +177,11 @@ def _on_term(signum: int, frame: object) -> None:
 def main() -> int:
     ctx = StageContext.from_env()
     signal.signal(signal.SIGTERM, _on_term)
-    with Progress.from_env() as progress:
-        return Runner(ctx, progress).run()
+    try:
+        with Progress.from_env() as progress, notify.watching(ctx.root, ctx.stage_config):
+            return Runner(ctx, progress).run()
+    finally:  # ended, failed or stopped (`_on_term`): word of it, read from the jobs' states
+        notify.run_ended(ctx.root, ctx.stage_config)
 
 
 if __name__ == "__main__":
