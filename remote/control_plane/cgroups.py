@@ -29,10 +29,10 @@ MOUNTINFO = Path("/proc/self/mountinfo")
 OWN = Path("/proc/self/cgroup")
 
 
-def mount_point(mountinfo: Path = MOUNTINFO) -> Path | None:
+def mount_point() -> Path | None:
     """Where cgroup v2 is mounted (``/sys/fs/cgroup``, or ``.../unified`` on a hybrid host); None without one."""
     try:
-        lines = mountinfo.read_text().splitlines()
+        lines = MOUNTINFO.read_text().splitlines()
     except OSError:
         return None
     for line in lines:
