@@ -98,8 +98,8 @@ def job_processes() -> dict[str, Any]:
     """Whether `inv stop` can end every process a job starts here (a cgroup per job), or its process group only."""
     from remote.control_plane import cgroups
 
-    parent, how = cgroups.where()
-    if parent is not None:
+    ok, how = cgroups.probe()
+    if ok:
         return check("job processes", True, f"{how}: `inv stop` ends every process a job started, setsid or not")
     return check("job processes", False, f"{how}: each job is its process group, and a process that leaves it "
                  "(setsid) outlives `inv stop`", warn_only=True)

@@ -89,6 +89,19 @@ def enter(name: str) -> str | None:
     return str(mine)
 
 
+def probe() -> tuple[bool, str]:
+    """Whether a job here gets a cgroup of its own, tried for real (a tree may be writable and still refuse a
+    process, e.g. where controllers are enabled below it), and how, in words for `inv check`."""
+    parent, how = where()
+    if parent is None:
+        return False, how
+    tried = enter(f"check.{os.getpid()}")
+    if tried is None:
+        return False, f"cgroup v2 at {parent}, but a process cannot be moved into a cgroup made there"
+    leave(tried)
+    return True, how
+
+
 def leave(path: str | None) -> None:
     """Move this process back out of the job's cgroup and remove it if nothing else is left there."""
     if not path:

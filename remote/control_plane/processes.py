@@ -141,6 +141,7 @@ def end_group(record: dict[str, Any], grace: float = 10.0) -> bool:
     """
     grouped = signal_group(record, signal.SIGTERM)
     if not (cgroups.signal_all(record, signal.SIGTERM) or grouped):
+        cgroups.kill(record)  # nothing left in it (a supervisor killed with its stage): only removed
         return False
     deadline = time.monotonic() + grace
     while is_ours(record) and time.monotonic() < deadline:
