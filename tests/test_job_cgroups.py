@@ -9,6 +9,7 @@ the host); the stage is a script that leaves its process group the way a daemoni
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
 from remote import preflight
 from remote.control_plane import cgroups
-from remote.control_plane.processes import process_start
+from remote.control_plane.processes import end_group, process_start
 
 ESCAPER = '''\
 """A stage whose grandchild leaves the job's session (setsid), ignores SIGTERM and keeps writing."""
@@ -62,7 +63,7 @@ def test_inv_stop_ends_a_child_that_called_setsid_and_ignores_sigterm(tmp_path: 
     state = json.loads((bench.job_dir("A") / "state.json").read_text())
     assert state["cgroup"] and Path(state["cgroup"]).name.startswith("aerie-A.prep.")
     assert escaped in cgroups.members(state)  # it left the group, not the cgroup
-    assert __import__("os").getpgid(escaped) != state["pgid"]
+    assert os.getpgid(escaped) != state["pgid"]
 
     assert "stopped A/prep" in bench.inv("stop", "-d", "A", timeout=60).stdout
     assert process_start(escaped) is None  # gone (or a zombie), not writing on
@@ -98,3 +99,18 @@ def test_a_recorded_cgroup_that_is_not_one_of_aerie_s_is_never_signalled() -> No
         pytest.skip("no cgroup v2 mounted here")
     for path in (str(mount), str(mount / "system.slice"), str(mount / "x" / ".." / "aerie-y"), "/tmp/aerie-x"):
         assert cgroups.recorded({"cgroup": path}) is None, path
+
+
+def test_the_empty_cgroup_of_a_job_killed_with_its_stage_is_removed_when_it_is_ended() -> None:
+    parent, why = cgroups.where()
+    if parent is None:
+        pytest.skip(f"no cgroup for a job here: {why}")
+    left = parent / f"aerie-A.prep.test-{os.getpid()}"
+    left.mkdir()
+    try:
+        record = {"pid": 2 ** 22 + 1, "pid_start": "1", "cgroup": str(left)}  # a supervisor long gone
+        assert end_group(record) is False
+        assert not left.exists()
+    finally:
+        if left.exists():
+            left.rmdir()
