@@ -11,7 +11,8 @@ from local.jobs import pipeline
 from local.tasks import deployment, job_verbs
 from local.views import live, status_data
 from local.visible import visible
-from remote.control_plane.states import DRAFT, JobState
+from remote.control_plane import hints
+from remote.control_plane.states import DRAFT, RUNNER, JobState
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -34,10 +35,10 @@ def run(host: RemoteHost, console: Console, datasets: list[str] | None, route: s
     result = answer["runner"]
     if not result["launched"]:
         raise AerieError(f"the pipeline is {visible(result['reason']).replace('already running', 'already running on ' + host.name)}: "
-                         "watch it with `inv status --watch`, or `inv stop -d pipeline` first")
+                         f"watch it with {hints.inv('status', watch=True)}, or {hints.inv('stop', dataset=RUNNER)} first")
     jobs = len(spec["config"]["stage"]["plan"])  # NOTE: counted as `inv status` counts them, the runner too
     console.print(line(f"pipeline started on {host.name} (runner {visible(str(result['where']))}): "
-                        f"{jobs + 1} jobs: {jobs} and the runner; `inv status --watch` follows it"))
+                        f"{jobs + 1} jobs: {jobs} and the runner; {hints.inv('status', watch=True)} follows it"))
     return result
 
 
