@@ -168,3 +168,45 @@ def test_the_builder_types_long_flags_and_leaves_unset_ones_out() -> None:
     assert hints.inv("status", watch=True, json=False, inventory=None) == "`inv status --watch`"
     assert hints.chain("deploy", hints.words("rerun", failed=True)) == "`inv deploy rerun --failed`"
     assert hints.words("rerun", dry_run=True) == "rerun --dry-run"
+
+
+def _hint_of(table: str, dataset: str, stage: str) -> str:
+    """The command in a row's last cell, its wrapped lines joined (the printed `inv status`)."""
+    said: dict[tuple[str, str], list[str]] = {}
+    row: tuple[str, str] | None = None
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.split("│")[1:-1]]
+        if len(cells) < 3:
+            continue
+        if cells[0]:
+            row = (cells[0], cells[1])
+        if row:
+            said.setdefault(row, []).append(cells[-1])
+    commands = HINT.findall(" ".join(said.get((dataset, stage), [])))
+    assert commands, table
+    return commands[0]
+
+
+@pytest.mark.e2e
+def test_a_stopped_tokenize_job_s_hint_typed_starts_it(tmp_path: Path, free_port: int) -> None:
+    from benchmarks.harness.checkout import Bench, copy_checkout
+    from tests.test_pipeline import pipeline_inventory, wait_pipeline
+
+    bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local", None)
+    plans = tmp_path / "plans"
+    pipeline_inventory(bench, plans, free_port, {"A": "native", "B": "prompts"})
+    (plans / "B.tokenize").write_text("records=60 sleep=0.5")  # long enough to be stopped while it runs
+    bench.inv("deploy")
+    bench.inv("run")
+    bench.wait_state("B/tokenize", {"running"}, timeout=90)
+    assert "stopped B/tokenize" in bench.inv("stop", "--dataset", "B", "--stage", "tokenize").stdout
+    jobs = wait_pipeline(bench)
+    assert (jobs["B/tokenize"]["state"], jobs["B/extract"]["state"]) == ("stopped", "blocked")
+
+    hint = _hint_of(bench.inv("status", check=False).stdout, "B", "tokenize")
+    assert hint == "inv rerun --failed"  # launch takes no tokenize stage: the runner's pipeline resumes
+    (plans / "B.tokenize").write_text("records=2")
+    bench.inv(*shlex.split(hint)[1:])  # typed as the table says it
+    jobs = wait_pipeline(bench)
+    assert {key: job["state"] for key, job in jobs.items()} == dict.fromkeys(jobs, "succeeded")
+    assert jobs["B/tokenize"]["records"] == 2
