@@ -1,9 +1,9 @@
 """Every next step aerie prints is a command that works: each hint is parsed with Invoke's own parser
 against tasks.py's collection, as `inv` would parse it typed.
 
-The hints are collected two ways: from the source (every `inv ...` in backticks in a string of
-local/ or remote/, and every call of remote/control_plane/hints.py's builder, its non-constant
-arguments standing for a name), and from the views themselves (a stopped, empty or blocked job of
+The hints are collected two ways: from the source (every `inv ...` in backticks or in parentheses in
+a string of local/ or remote/, and every call of remote/control_plane/hints.py's builder, its
+non-constant arguments standing for a name), and from the views themselves (a stopped, empty or blocked job of
 every stage, under a runner in every state, and the outcome of a run that failed).
 """
 
@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 #: What a value computed at run time (a dataset's name, a stage) stands for in a hint read from the source.
 NAME = "A1"
 HINT = re.compile(r"`(inv [^`]*)`")
+#: A command in parentheses without backticks: `run it first (inv launch --stage extract)`.
+BARE = re.compile(r"\((inv [a-z][^)`]*)\)")
 BUILDERS = {"inv", "chain", "words"}
 BUILDER = REPO / "remote" / "control_plane" / "hints.py"
 
@@ -102,7 +104,7 @@ def hints_in_source() -> dict[str, str]:
             if isinstance(node, ast.Call) and _builder(node) in ("inv", "chain") and path != BUILDER:
                 found[f"{where}:{node.lineno}:{node.col_offset}"] = str(_built(node)).strip("`")
             text = _text(node)
-            for index, command in enumerate(HINT.findall(text or "")):
+            for index, command in enumerate(HINT.findall(text or "") + BARE.findall(text or "")):
                 found[f"{where}:{node.lineno}:{node.col_offset}#{index}"] = command
     return found
 
