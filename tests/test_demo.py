@@ -105,6 +105,8 @@ def test_run_takes_both_kinds_of_dataset_through_every_stage_to_a_draft_checkpoi
     # The demo's promise (issue 10): a draft that learns, measured on records it never trained on.
     train = jobs["draft/train"]["metrics"]
     assert train["accept_length"] >= 1.5 and train["eval_positions"] > 0, train
+    # `inv run --follow` outside the demo says it whole too, under its last table.
+    assert f"draft/train: held-out accept length {train['accept_length']:.3f} of at most 4 " in followed.stdout
     draft = json.loads((data / "draft" / "train" / "draft" / "config.json").read_text())
     assert draft["architectures"] == ["LlamaForCausalLMEagle3"]
     assert draft["draft_vocab_size"] == 256

@@ -2,7 +2,7 @@
 against tasks.py's collection, as `inv` would parse it typed.
 
 The hints are collected two ways: from the source (every `inv ...` in backticks or in parentheses in
-a string of local/ or remote/, and every call of remote/control_plane/hints.py's builder, its
+a string of local/ or remote/, and the task of every `inv TASK` said in words, and every call of remote/control_plane/hints.py's builder, its
 non-constant arguments standing for a name), and from the views themselves (a stopped, empty or blocked job of
 every stage, under a runner in every state, and the outcome of a run that failed).
 """
@@ -32,6 +32,8 @@ NAME = "A1"
 HINT = re.compile(r"`(inv [^`]*)`")
 #: A command in parentheses without backticks: `run it first (inv launch --stage extract)`.
 BARE = re.compile(r"\((inv [a-z][^)`]*)\)")
+#: A task named in words (`stopped by inv stop`): at least the task is one tasks.py has.
+MENTION = re.compile(r"(?<![`(\w])(inv [a-z][\w-]*)")
 BUILDERS = {"inv", "chain", "words"}
 BUILDER = REPO / "remote" / "control_plane" / "hints.py"
 
@@ -104,7 +106,8 @@ def hints_in_source() -> dict[str, str]:
             if isinstance(node, ast.Call) and _builder(node) in ("inv", "chain") and path != BUILDER:
                 found[f"{where}:{node.lineno}:{node.col_offset}"] = str(_built(node)).strip("`")
             text = _text(node)
-            for index, command in enumerate(HINT.findall(text or "") + BARE.findall(text or "")):
+            words = HINT.sub("", text or "")
+            for index, command in enumerate(HINT.findall(text or "") + BARE.findall(text or "") + MENTION.findall(words)):
                 found[f"{where}:{node.lineno}:{node.col_offset}#{index}"] = command
     return found
 
