@@ -110,12 +110,8 @@ class StatusView:
         else:
             table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         rows = [[_text(column.cell(job, view)) for column in columns[:-1]] for job in jobs]
-        widths = [max(cell_len(text) for text in [column.header, *(r[index].plain for r in rows)])
-                  for index, column in enumerate(columns[:-1])]
         if width is not None:
-            room = width - sum(widths) - 3 * len(columns) - 1  # each cell's padding and rule, and the edge
-            bad = [error(job, view.runner) for job in jobs if job["state"] in BAD_STATES]
-            view = replace(view, errors_below=any(cell_len(text) > room for text in bad))
+            view = replace(view, errors_below=_errors_below(columns, rows, jobs, view.runner, width))
         for row, job in zip(rows, jobs):
             row.append(_text(columns[-1].cell(job, view)))
         for host in self.status.get("unreachable", []):
@@ -128,13 +124,23 @@ class StatusView:
             # NOTE: a one-line cell that never wraps is as wide as its text: given here, rich skips
             # measuring every cell of the column, a fifth of drawing 40 rows. It still narrows the
             # column to fit the terminal.
-            width = None if wraps else max(cell_len(text) for text in [column.header, *(r[index].plain for r in rows)])
+            fixed = None if wraps else max(cell_len(text) for text in [column.header, *(r[index].plain for r in rows)])
             header = Text(column.header, no_wrap=one_line, overflow="ellipsis" if one_line else None)
             table.add_column(header, justify=column.justify,  # type: ignore[arg-type]
-                             no_wrap=not wraps, overflow="ellipsis", width=width)
+                             no_wrap=not wraps, overflow="ellipsis", width=fixed)
         for row in rows:
             table.add_row(*row)
         return table, view.errors_below
+
+
+def _errors_below(columns: list[Column], rows: list[list[Text]], jobs: list[Job], runner: str | None,
+                  width: int) -> bool:
+    """Whether a bad job's error is longer than the last column can hold on one line at `width`, the other
+    columns (`rows`' cells, one line each) as wide as their widest cell."""
+    widths = [max(cell_len(text) for text in [column.header, *(row[index].plain for row in rows)])
+              for index, column in enumerate(columns[:-1])]
+    room = width - sum(widths) - 3 * len(columns) - 1  # each cell's padding and rule, and the edge
+    return any(cell_len(error(job, runner)) > room for job in jobs if job["state"] in BAD_STATES)
 
 
 def _text(cell: str | Text) -> Text:
