@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from rich.text import Text
 
@@ -161,10 +161,8 @@ def message(job: Job, view: View) -> Text:
     """The error in full for a bad job (its start, where the whole is under the table); else what it waits
     for, or its metrics and note; with the top skip reason, and the next step where the state has one
     (`status_data.next_step`). Wrapped at words, or one line where the view asks."""
-    state = JobState(job["state"])
-    cut = {"no_wrap": True, "overflow": "ellipsis"} if view.one_line or view.errors_below else {}
-    if state.is_bad():
-        return Text(error(job, view.runner), style="red", **cut)  # type: ignore[arg-type]
+    if JobState(job["state"]).is_bad():
+        return Text(error(job, view.runner), style="red", **_cut(view.one_line or view.errors_below))
     note = job.get("message") or ""
     if job.get("waiting_for"):
         needs = ", ".join(job["waiting_for"])
@@ -172,8 +170,12 @@ def message(job: Job, view: View) -> Text:
     else:
         text = " ".join([*facts(job), note]).strip()
     step = "" if job.get("more") else next_step(job, view.runner)
-    cut = {"no_wrap": True, "overflow": "ellipsis"} if view.one_line else {}
-    return Text("; ".join(part for part in (text, skip_note(job), step) if part), **cut)  # type: ignore[arg-type]
+    return Text("; ".join(part for part in (text, skip_note(job), step) if part), **_cut(view.one_line))
+
+
+def _cut(one_line: bool) -> dict[str, Any]:
+    """A cell's text on one line, cut with an ellipsis; else wrapped at words."""
+    return {"no_wrap": True, "overflow": "ellipsis"} if one_line else {}
 
 
 def error(job: Job, runner: str | None = None) -> str:
