@@ -29,6 +29,7 @@ from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, STAGE_ORDER
 REPO = Path(__file__).resolve().parents[1]
 #: What a value computed at run time (a dataset's name, a stage) stands for in a hint read from the source.
 NAME = "A1"
+TYPED = "<typed>"
 HINT = re.compile(r"`(inv [^`]*)`")
 #: A command in parentheses without backticks: `run it first (inv launch --stage extract)`.
 BARE = re.compile(r"\((inv [a-z][^)`]*)\)")
@@ -67,12 +68,20 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 
 def _text(node: ast.AST) -> str | None:
-    """A string literal's text, each `{...}` of an f-string standing for a name."""
+    """A string literal's text, each `{...}` of an f-string standing for a name; one glued to a word
+    (`--watch{i}`: an optional ` -i NAME`) stands for nothing, and one right after `inv ` for the tasks
+    the user typed (`TYPED`), which only the code that repeats them can check."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
-    if isinstance(node, ast.JoinedStr):
-        return "".join(part.value if isinstance(part, ast.Constant) else NAME for part in node.values)
-    return None
+    if not isinstance(node, ast.JoinedStr):
+        return None
+    text = ""
+    for part in node.values:
+        if isinstance(part, ast.Constant):
+            text += str(part.value)
+        else:
+            text += TYPED if text.endswith("inv ") else "" if text[-1:].strip() else NAME
+    return text
 
 
 def _built(node: ast.AST) -> str | bool | None:
@@ -108,7 +117,8 @@ def hints_in_source() -> dict[str, str]:
             text = _text(node)
             words = HINT.sub("", text or "")
             for index, command in enumerate(HINT.findall(text or "") + BARE.findall(text or "") + MENTION.findall(words)):
-                found[f"{where}:{node.lineno}:{node.col_offset}#{index}"] = command
+                if TYPED not in command:
+                    found[f"{where}:{node.lineno}:{node.col_offset}#{index}"] = command
     return found
 
 
