@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from remote import sizing
-from remote.control_plane import inference_server, layout
+from remote.control_plane import hints, inference_server, layout
 from remote.eagle3 import server_check, target_memory
 
 # NOTE: tiktoken is what Kimi-K2.5's own tokenizer (trust_remote_code) is built on.
@@ -64,7 +64,7 @@ def disk(root: Path, datasets: list[str], layers: list[int], model: str | None, 
     detail = (f"{free / 2**30:,.1f} GiB free, hidden states need about {need / 2**30:,.1f} GiB ({tokens:,} tokens × "
               f"{per_token:,} B in {dtype}, with ids and file framing)")
     # NOTE: a warning: the chunked and online routes need far less than all the states (`inv plan`).
-    return check("disk", free > need, detail + ("" if free > need else "; `inv plan` shows the route that fits"), True)
+    return check("disk", free > need, detail + ("" if free > need else f"; {hints.inv('plan')} shows the route that fits"), True)
 
 
 def extract_engines(model: str | None, dtype: str, configured: str | None) -> list[dict[str, Any]]:

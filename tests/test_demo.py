@@ -105,6 +105,8 @@ def test_run_takes_both_kinds_of_dataset_through_every_stage_to_a_draft_checkpoi
     # The demo's promise (issue 10): a draft that learns, measured on records it never trained on.
     train = jobs["draft/train"]["metrics"]
     assert train["accept_length"] >= 1.5 and train["eval_positions"] > 0, train
+    # `inv run --follow` outside the demo says it whole too, under its last table.
+    assert f"draft/train: held-out accept length {train['accept_length']:.3f} of at most 4 " in followed.stdout
     draft = json.loads((data / "draft" / "train" / "draft" / "config.json").read_text())
     assert draft["architectures"] == ["LlamaForCausalLMEagle3"]
     assert draft["draft_vocab_size"] == 256
@@ -165,17 +167,21 @@ def test_the_demo_s_first_screen_has_no_error_text_and_every_column_filled(tmp_p
             assert turns == learned == "by infer", row
 
 
-def test_the_line_under_the_demo_s_table_gives_the_draft_s_accept_length_whole() -> None:
+def test_the_lines_under_the_demo_s_table_give_the_draft_s_accept_length_whole_and_where_it_is() -> None:
     from local.tasks.pipeline_run import accept_line
     from local.inventory.schema import load
+    from local.views.status_data import accept_length
 
     inventory = load("local")
     train = {"dataset": "draft", "stage": "train", "state": "succeeded",
-             "metrics": {"accept_length": 3.7676, "eval_positions": 50, "eval_acc_0": 1.0}}
-    line = accept_line({"jobs": [train]}, inventory)
-    assert line is not None and line.startswith("draft: held-out accept length 3.768 of at most 4 ")
-    assert "over 50 positions" in line and line.endswith(f"{inventory.host.root}/data/draft/train/draft")
+             "metrics": {"accept_length": 3.7676, "eval_positions": 50, "eval_acc_0": 1.0, "eval_acc_1": 0.9,
+                         "eval_acc_2": 0.8}}
+    said = accept_length(train)  # the status table's line, under every table that shows a train job
+    assert said is not None and said.startswith("draft/train: held-out accept length 3.768 of at most 4 ")
+    assert "over 50 positions" in said
+    assert accept_line({"jobs": [train]}, inventory) == f"the draft: {inventory.host.root}/data/draft/train/draft"
     assert accept_line({"jobs": [{**train, "state": "failed"}]}, inventory) is None  # never a figure of a failed run
+    assert accept_length({**train, "state": "failed"}) is None
     assert accept_line({"jobs": []}, inventory) is None
 
 

@@ -191,7 +191,7 @@ def test_inv_status_logs_and_validate_show_what_a_hostile_stage_and_sample_hold(
             assert shown.returncode == 1, shown.stderr
             assert_harmless(shown.stdout)
             assert "␛[2J␛]0;pwned␇" in shown.stdout and SGR.search(shown.stdout)
-        assert "(no conversations field (keys: ␛]0;owned␇, ␛[31mred))" in inv(bench, "status").stdout
+        assert "skipped: no conversations field (keys: ␛]0;owned␇, ␛[31mred)" in inv(bench, "status").stdout
         logged = inv(bench, "logs", "fail")
         assert_harmless(logged.stdout)
         assert "started\n␛[2J␛]0;pwned␇" in logged.stdout

@@ -94,3 +94,21 @@ def test_the_outcome_names_the_failures_the_jobs_blocked_behind_them_and_the_nex
     assert said.startswith("the run did not succeed: B5/infer failed; 2 blocked behind it: B5/tokenize, B5/extract. ")
     assert "`inv rerun --failed`" in said
     assert status_data.outcome({"jobs": [job("A1/prep", "succeeded")]}) == ""
+
+
+TRAINED = {"loss": 0.12, "accept_length": 3.4567, "eval_positions": 1234, "eval_acc_0": 0.9, "eval_acc_1": 0.8,
+           "eval_acc_2": 0.7}
+ACCEPT = ("draft/train: held-out accept length 3.457 of at most 4 (1.0: the draft is useless), over 1,234 positions "
+          "of records it never trained on")
+
+
+def test_run_follow_outside_the_demo_ends_with_the_draft_s_accept_length_whole() -> None:
+    frames = [[job("draft/train", "running"), job("pipeline/run", "running")],
+              [job("draft/train", "succeeded", records=300, metrics=TRAINED), job("pipeline/run", "succeeded")]]
+    piped = io.StringIO()  # a log file or a CI step: the lines, then the table and the lines under it
+    live.follow(statuses(*frames), Console(file=piped, width=80, color_system=None), "gpu:/root", interval=0)
+    assert " ".join(piped.getvalue().split()).count(ACCEPT) == 1
+    terminal = io.StringIO()  # the live table's last frame, which stays on the screen
+    live.follow(statuses(*frames), Console(file=terminal, width=200, height=24, force_terminal=True,
+                                           color_system=None), "gpu:/root", interval=0)
+    assert ACCEPT in terminal.getvalue()

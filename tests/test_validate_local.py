@@ -59,4 +59,5 @@ def test_datasets_that_fail_alike_are_one_clause_of_the_error(tmp_path: Path, mo
         samples.check(inv, Console(file=io.StringIO(), width=200), cache=ValidationCache(tmp_path / "cache"))
     assert str(raised.value) == (
         "datasets that would give zero records: D0000, D0001, D0002, D0003, D0004, D0005, D0006, D0007 and 992 more "
-        "(no conversations field (keys: id, text)); odd (datasets.odd.source: x.jsonl is not a file here)")
+        "(no conversations field (keys: id, text)); odd (datasets.odd.source: x.jsonl is not a file here). "
+        'README, "Teaching prep a new family", shows how to add a format prep does not read')

@@ -12,6 +12,7 @@ from local.exceptions import AerieError, NotDeployed
 from local.paths import ENV_NAME, REPO
 from local.transport.process import Result
 from local.transport.protocol import Transport, open_transport
+from remote.control_plane import hints
 from remote.control_plane.wire import decode
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ class RemoteHost:
 
     def _refuse(self, result: Result, what: str) -> None:
         if result.exit_code == NOT_DEPLOYED:
-            raise NotDeployed(f"nothing is deployed to {self.name}:{self.root} yet: run `inv deploy` first")
+            raise NotDeployed(f"nothing is deployed to {self.name}:{self.root} yet: run {hints.inv('deploy')} first")
         if result.exit_code == 2 and result.stderr.strip():
             raise AerieError(f"{self.name}: {result.stderr.strip().splitlines()[-1]}")
         detail = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()[-1]

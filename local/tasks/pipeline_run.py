@@ -11,7 +11,8 @@ from local.jobs import pipeline
 from local.tasks import deployment, job_verbs
 from local.views import live, status_data
 from local.visible import visible
-from remote.control_plane.states import DRAFT, JobState
+from remote.control_plane import hints
+from remote.control_plane.states import DRAFT, RUNNER, JobState
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -34,10 +35,10 @@ def run(host: RemoteHost, console: Console, datasets: list[str] | None, route: s
     result = answer["runner"]
     if not result["launched"]:
         raise AerieError(f"the pipeline is {visible(result['reason']).replace('already running', 'already running on ' + host.name)}: "
-                         "watch it with `inv status --watch`, or `inv stop -d pipeline` first")
+                         f"watch it with {hints.inv('status', watch=True)}, or {hints.inv('stop', dataset=RUNNER)} first")
     jobs = len(spec["config"]["stage"]["plan"])  # NOTE: counted as `inv status` counts them, the runner too
     console.print(line(f"pipeline started on {host.name} (runner {visible(str(result['where']))}): "
-                        f"{jobs + 1} jobs: {jobs} and the runner; `inv status --watch` follows it"))
+                        f"{jobs + 1} jobs: {jobs} and the runner; {hints.inv('status', watch=True)} follows it"))
     return result
 
 
@@ -65,12 +66,9 @@ def demo(host: RemoteHost, console: Console) -> dict[str, Any]:
 
 
 def accept_line(state: dict[str, Any], inventory: Inventory) -> str | None:
-    """The draft's held-out accept length, whole, for the line under the demo's table (whose last column is cut)."""
+    """Where the draft is, under the demo's table, whose own last line gives its accept length whole
+    (`status_data.accept_length`); None unless training succeeded with a measured draft."""
     train = next((j for j in state["jobs"] if (j["dataset"], j["stage"]) == (DRAFT, "train")), None)
-    metrics = (train or {}).get("metrics") or {}
-    if train is None or train["state"] != JobState.SUCCEEDED.value or metrics.get("accept_length") is None:
+    if train is None or train["state"] != JobState.SUCCEEDED.value or status_data.accept_length(train) is None:
         return None
-    steps = inventory.stages.train.eval_steps
-    return (f"draft: held-out accept length {metrics['accept_length']:.3f} of at most {steps + 1} "
-            f"(1.0: the draft is useless), over {metrics.get('eval_positions', 0):,} positions of records it never "
-            f"trained on; the draft is {pipeline.host_output(inventory, DRAFT, 'train')}/draft")
+    return f"the draft: {pipeline.host_output(inventory, DRAFT, 'train')}/draft"

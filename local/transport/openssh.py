@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from local.exceptions import AerieError
 from local.transport.process import Result, run_process
 from local.transport.ssh_checks import known_hosts, refuse_non_loopback
+from remote.control_plane import hints
 
 if TYPE_CHECKING:
     from local.inventory.values import Host
@@ -73,7 +74,7 @@ class Multiplexed:
         if result.exit_code == SSH_FAILED:  # aerie's remote commands never exit 255: ssh itself failed
             detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "no reason given"
             raise AerieError(f"{self.name}: the SSH connection was lost ({detail}); "
-                             "jobs on the host keep running: `inv status` reconnects")
+                             f"jobs on the host keep running: {hints.inv('status')} reconnects")
         return result
 
     def _paramiko(self) -> Any:

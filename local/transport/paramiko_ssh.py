@@ -16,6 +16,7 @@ from fabric import Config, Connection
 from local.exceptions import AerieError
 from local.transport.process import Result
 from local.transport.ssh_checks import known_hosts, refuse_non_loopback
+from remote.control_plane import hints
 
 if TYPE_CHECKING:
     from local.inventory.values import Host
@@ -103,10 +104,10 @@ class SshTransport:
         where = f"{connection.user}@{connection.host}:{connection.port}"
         if isinstance(exc, UnknownHostKey):  # named as known_hosts names it: a ProxyJump hop may be the one
             return (f"{exc.hostname}: host key {exc.key.get_name()} {exc.key.fingerprint} is not in {self.known_hosts}: "
-                    f"check it with the host's admin, then run `inv trust` to add it")
+                    f"check it with the host's admin, then run {hints.inv('trust')} to add it")
         if isinstance(exc, paramiko.BadHostKeyException):
             return (f"{exc.hostname}: host key CHANGED ({exc.key.fingerprint}, expected {exc.expected_key.fingerprint}): "
-                    f"if the host was rebuilt, remove its line from {self.known_hosts} and run `inv trust`")
+                    f"if the host was rebuilt, remove its line from {self.known_hosts} and run {hints.inv('trust')}")
         if isinstance(exc, paramiko.AuthenticationException):
             return f"{where}: authentication failed: check host.user and host.identity in the inventory"
         if isinstance(exc, (socket.timeout, TimeoutError)):
@@ -120,7 +121,7 @@ class SshTransport:
             return self._run(command, stdin, stream)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise AerieError(f"{self.name}: the SSH connection was lost ({exc or type(exc).__name__}); "
-                             "jobs on the host keep running: `inv status` reconnects") from None
+                             f"jobs on the host keep running: {hints.inv('status')} reconnects") from None
 
     def _run(self, command: str, stdin: bytes | None, stream: BinaryIO | None) -> Result:
         # A bare channel rather than Connection.run: binary stdin and no per-command overhead.

@@ -20,6 +20,7 @@ from local.visible import visible_all
 from local.paths import INVENTORIES, REPO
 from local.transport.protocol import LocalTransport
 from remote.control_plane.wire import decode
+from remote.prep.errors import TEACH_A_FAMILY
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -97,5 +98,5 @@ def check(inventory: Inventory, console: Console, as_json: bool = False, cached:
         bad.setdefault(e["error"] or ", ".join(list(e["skip_reasons"])[:2]) or "no rows", []).append(e["dataset"])
     if bad:
         raise AerieError("datasets that would give zero records: " + "; ".join(
-            f"{validation_table.names_text(names)} ({reason})" for reason, names in bad.items()))
+            f"{validation_table.names_text(names)} ({reason})" for reason, names in bad.items()) + f". {TEACH_A_FAMILY}")
     return entries

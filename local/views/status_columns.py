@@ -1,15 +1,16 @@
 """The status table's columns: what each cell of a job's row says (local/views/status_table.py draws them).
 
-The last column says what the numbers do not: the error, what a job waits
-for, the stage's own note, and only those metrics the note does not already
-state (never `rows=2 tokens=626 kept 2 of 2 rows, 626 tokens`).
+The counts' columns hold numbers only, so that they keep a fixed width; the
+last column says what the numbers do not: the error, what a job waits for,
+the stage's own note, the top reason rows were skipped, and only those metrics
+the note does not already state (never `rows=2 tokens=626 kept 2 of 2 rows, 626 tokens`).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from rich.text import Text
 
@@ -35,6 +36,9 @@ STATE_STYLES = {
 WIDE = 120
 
 
+#: Metrics the line under the table says whole (`status_data.accept_length`), with the draft's `eval_acc_*`.
+UNDER_THE_TABLE = {"accept_length", "eval_positions"}
+
 #: Metrics with a short name in the note.
 SHORT = {"concurrency": "c={:,}", "tokens_per_s": "{:,.0f} tok/s"}
 
@@ -46,6 +50,8 @@ class Column:
     justify: str = "left"
     wide_only: bool = False
     """Shown only when the terminal is at least `WIDE` columns."""
+    needed: Callable[[list[Job], "View"], bool] = lambda jobs, view: True
+    """Shown only where it says something of these jobs."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,11 @@ class View:
     now: float
     current_release: str | dict[str, str | None] | None
     errors_below: bool = False
-    """Bad jobs' errors are shown in full under the table (narrow terminals), not in their cells."""
+    """Bad jobs' errors are shown in full under the table (where they do not fit their cells), not in them."""
+    one_line: bool = False
+    """Every cell one line (a view refreshed in place counts its rows); else the last column wraps at words."""
+    runner: str | None = None
+    """The pipeline's runner's state, where the status shows one: the next step of a stopped job depends on it."""
 
     def current_for(self, job: Job) -> str | None:
         if isinstance(self.current_release, dict):
@@ -78,12 +88,19 @@ def duration(seconds: float) -> str:
 
 
 def skipped(job: Job, view: View) -> str:
-    if job.get("more"):
+    """The count alone: its top reason is the last column's (`skip_note`), which wraps."""
+    return "" if job.get("more") else f"{job['skipped']:,}"
+
+
+def skip_note(job: Job) -> str:
+    """Why rows were skipped, the top reason ("" where none were, or the job's message already says it)."""
+    reasons = job.get("skip_reasons") or {}
+    if not job.get("skipped") or not reasons:
         return ""
-    if not job["skipped"]:
-        return "0"
-    reason, _ = max(job["skip_reasons"].items(), key=lambda kv: kv[1])
-    return f"{job['skipped']:,} ({reason})"
+    reason, _ = max(reasons.items(), key=lambda kv: kv[1])
+    if reason in (job.get("message") or ""):
+        return ""
+    return f"{'most ' if len(reasons) > 1 else ''}skipped: {reason}"
 
 
 def records(job: Job, view: View) -> str:
@@ -104,6 +121,11 @@ def eta(job: Job, view: View) -> str:
     return ("≥" if job.get("eta_complete") is False else "") + duration(seconds)
 
 
+def any_old(jobs: list[Job], view: View) -> bool:
+    """Whether a job ran on a release that is not the current one (else the column would repeat one name)."""
+    return any(job.get("release") and view.current_for(job) and job["release"] != view.current_for(job) for job in jobs)
+
+
 def release(job: Job, view: View) -> Text:
     """The release's content digest (its id's last part), marked when it is not the current one."""
     name = job.get("release")
@@ -121,7 +143,8 @@ def facts(job: Job) -> list[str]:
     said = {n.replace(",", "") for n in re.findall(r"\d[\d,]*(?:\.\d+)?", job.get("message") or "")}
     shown = []
     for key, value in (job.get("metrics") or {}).items():
-        if not isinstance(value, (int, float)) or value == 0 or _plain(value) in said:
+        if not isinstance(value, (int, float)) or value == 0 or _plain(value) in said or key in UNDER_THE_TABLE \
+                or key.startswith("eval_acc_"):
             continue
         if key in SHORT:
             shown.append(SHORT[key].format(value))
@@ -135,29 +158,30 @@ def _plain(value: float) -> str:
 
 
 def message(job: Job, view: View) -> Text:
-    """The error in full for a bad job; else what it waits for, or its metrics and note, on one line;
-    with the next step where the state has one (`status_data.next_step`)."""
-    state = JobState(job["state"])
-    if state.is_bad():
-        text = error(job)
-        if view.errors_below:
-            return Text(text, style="red", no_wrap=True, overflow="ellipsis")
-        return Text(text, style="red", overflow="fold")
+    """The error in full for a bad job (its start, where the whole is under the table); else what it waits
+    for, or its metrics and note; with the top skip reason, and the next step where the state has one
+    (`status_data.next_step`). Wrapped at words, or one line where the view asks."""
+    if JobState(job["state"]).is_bad():
+        return Text(error(job, view.runner), style="red", **_cut(view.one_line or view.errors_below))
     note = job.get("message") or ""
     if job.get("waiting_for"):
         needs = ", ".join(job["waiting_for"])
         text = f"waits for the GPU ({needs})" if "GPU" in note else f"waits for {needs}"
     else:
         text = " ".join([*facts(job), note]).strip()
-    step = "" if job.get("more") else next_step(job)
-    return Text(f"{text}; {step}" if text and step else text or step, no_wrap=True, overflow="ellipsis")
+    step = "" if job.get("more") else next_step(job, view.runner)
+    return Text("; ".join(part for part in (text, skip_note(job), step) if part), **_cut(view.one_line))
 
 
-def error(job: Job) -> str:
-    """A bad job's error, and the next step where its message does not say one."""
+def _cut(one_line: bool) -> dict[str, Any]:
+    """A cell's text on one line, cut with an ellipsis; else wrapped at words."""
+    return {"no_wrap": True, "overflow": "ellipsis"} if one_line else {}
+
+
+def error(job: Job, runner: str | None = None) -> str:
+    """A bad job's error, the top skip reason, and the next step where its message does not say one."""
     text = job.get("message") or f"exit {job.get('exit_code')}"
-    step = next_step(job)
-    return f"{text}; {step}" if step else text
+    return "; ".join(part for part in (text, skip_note(job), next_step(job, runner)) if part)
 
 
 def state_cell(job: Job, view: View) -> Text:
@@ -176,7 +200,7 @@ COLUMNS = [
     Column("elapsed", lambda job, view: duration(elapsed(job, view)) if job.get("started_at") else "-", "right",
            wide_only=True),
     Column("eta", eta, "right"),
-    Column("release", release, wide_only=True),
+    Column("release", release, wide_only=True, needed=any_old),
     Column("last line / error", message),
 ]
 

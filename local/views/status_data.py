@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from remote.control_plane import layout
+from remote.control_plane import hints, layout
 from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, STAGE_ORDER, JobState
 
 Job = dict[str, Any]
@@ -61,18 +61,31 @@ def in_pipeline_order(jobs: list[Job]) -> list[Job]:
                                          rank.get(job["stage"], len(rank)), job["stage"]))
 
 
-def next_step(job: Job) -> str:
-    """What to do about a job that ended without succeeding and whose message may not say it ("" if nothing)."""
+def next_step(job: Job, runner: str | None = None) -> str:
+    """What to do about a job that ended without succeeding and whose message may not say it ("" if nothing).
+    `runner`: the state of the pipeline's runner, where the status shows one (a stopped job that only a
+    runner starts is started again by resuming the runner's pipeline, once the runner has ended)."""
     state, dataset, stage = job["state"], (job.get("members") or [job["dataset"]])[0], job["stage"]
     if state == JobState.BLOCKED.value:
-        return "fix that, then `inv rerun --failed`"
+        return f"fix that, then {hints.inv('rerun', failed=True)}"
     if state == JobState.EMPTY.value:
-        return f"`inv logs {dataset} --stage {stage}` says why; fix it, then `inv rerun --failed`"
-    if state == JobState.STOPPED.value:
-        if dataset in (DRAFT, RUNNER):
-            return "`inv run` starts the pipeline again"
-        return f"`inv launch --stage {stage} -d {dataset}` starts it again"
-    return ""
+        return f"{hints.inv('logs', dataset, stage=stage)} says why; fix it, then {hints.inv('rerun', failed=True)}"
+    if state != JobState.STOPPED.value:
+        return ""
+    if stage == "eval":
+        return f"{hints.inv('eval')} starts it again"
+    if dataset in (DRAFT, RUNNER) or (stage in hints.PIPELINE_ONLY and runner in (None, JobState.STOPPED.value)):
+        return f"{hints.inv('run')} starts the pipeline again"
+    if stage in hints.PIPELINE_ONLY:
+        when = "" if runner and JobState(runner).is_terminal() else ", once its runner has ended"
+        return f"{hints.inv('rerun', failed=True)} resumes its pipeline, which starts it again{when}"
+    return f"{hints.inv('launch', stage=stage, dataset=dataset)} starts it again"
+
+
+def runner_state(status: dict[str, Any]) -> str | None:
+    """The state of the pipeline's runner, where the status has one (one host's; on several, None)."""
+    runners = [j["state"] for j in status["jobs"] if (j["dataset"], j["stage"]) == (RUNNER, RUNNER_STAGE)]
+    return runners[0] if len(runners) == 1 else None
 
 
 def outcome(status: dict[str, Any]) -> str:
@@ -90,8 +103,21 @@ def outcome(status: dict[str, Any]) -> str:
                      if failed else f"{len(blocked)} blocked: {', '.join(blocked)}")
     if status.get("unreachable"):
         parts.append(", ".join(f"{h['host']} unreachable" for h in status["unreachable"]))
-    return (f"the run did not succeed: {'; '.join(parts)}. Fix the cause (`inv logs DATASET --stage STAGE` shows "
-            "a job's log), then `inv rerun --failed` (`inv deploy rerun --failed` after a change to the code)")
+    return (f"the run did not succeed: {'; '.join(parts)}. Fix the cause ({hints.inv('logs', 'DATASET', stage='STAGE')} "
+            f"shows a job's log), then {hints.inv('rerun', failed=True)} "
+            f"({hints.chain('deploy', hints.words('rerun', failed=True))} after a change to the code)")
+
+
+def accept_length(job: Job) -> str | None:
+    """`draft/train: held-out accept length 3.768 of at most 4 ...`, from a train job's metrics; None where it
+    has none, or has gone bad (never a figure of a failed run)."""
+    metrics = job.get("metrics") or {}
+    if job["stage"] != "train" or metrics.get("accept_length") is None or JobState(job["state"]).is_bad():
+        return None
+    steps = sum(1 for key in metrics if key.startswith("eval_acc_"))  # one accuracy per draft step measured
+    most = f" of at most {steps + 1}" if steps else ""
+    return (f"{job_name(job)}: held-out accept length {metrics['accept_length']:.3f}{most} (1.0: the draft is "
+            f"useless), over {metrics.get('eval_positions', 0):,} positions of records it never trained on")
 
 
 def job_name(job: Job) -> str:

@@ -11,6 +11,7 @@ from typing import Any, Callable
 from rich.text import Text
 
 from local.views.status_data import Job
+from remote.control_plane import hints
 from remote.control_plane.states import JobState
 
 
@@ -124,7 +125,7 @@ def fill_lines(lines: list[Text], count: int, height: Callable[[Text], int], roo
             break
         shown.append(line)
         used += height(line)
-    note = Text(f"... {count - len(shown)} more errors: `inv status` shows every one in full", style="red")
+    note = Text(f"... {count - len(shown)} more errors: {hints.inv('status')} shows every one in full", style="red")
     return shown + ([note] if room > len(shown) else [])
 
 

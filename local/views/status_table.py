@@ -29,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from local.views.status_columns import COLUMNS, HOST, STATE_STYLES, WIDE, Column, View, error, eta
-from local.views.status_data import UNREACHABLE, Job, in_pipeline_order
+from local.views.status_data import UNREACHABLE, Job, accept_length, in_pipeline_order, runner_state
 from local.views.status_rows import BAD_STATES, Kinds, fill_lines, more_row, total_lines
 from local.visible import visible, visible_all
 from remote.control_plane.layout import job_key
@@ -51,22 +51,26 @@ class StatusView:
         self.status = {**shown, "jobs": in_pipeline_order(shown["jobs"])}
         self.title = visible(title) if title else title
         self.fit = fit
-        self.view = View(now=status.get("now") or time.time(), current_release=status.get("current_release"))
+        self.view = View(now=status.get("now") or time.time(), current_release=status.get("current_release"),
+                         runner=runner_state(status))
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         multi = isinstance(self.view.current_release, dict)
         wide = options.max_width >= WIDE
-        columns = [c for c in ([HOST, *COLUMNS] if multi else COLUMNS) if wide or not c.wide_only]
-        tail = [*gpu_lines(self.status.get("gpus") or []), *summary(self.status, options.max_width)]
+        columns = [c for c in ([HOST, *COLUMNS] if multi else COLUMNS)
+                   if (wide or not c.wide_only) and c.needed(self.status["jobs"], self.view)]
+        tail = [*gpu_lines(self.status.get("gpus") or []), *accept_lines(self.status["jobs"]),
+                *summary(self.status, options.max_width)]
         if not self.fit:
-            yield self.table(columns, replace(self.view, errors_below=not wide), self.status["jobs"], boxed=True)
-            yield from [*(errors(self.status["jobs"]) if not wide else []), *tail]
+            table, below = self.table(columns, self.view, self.status["jobs"], boxed=True, width=options.max_width)
+            yield table
+            yield from [*(errors(self.status["jobs"], self.view.runner) if below else []), *tail]
             return
         if self.title:
             yield Text(self.title, no_wrap=True, overflow="ellipsis", style="bold")
         room = (options.height or options.size.height) - (1 if self.title else 0) - self.lines(console, options, *tail)
         rows, below = self.fitted(room, lambda text: len(text.wrap(console, options.max_width)))
-        yield self.table(columns, replace(self.view, errors_below=True), rows, one_line=True)
+        yield self.table(columns, replace(self.view, errors_below=True, one_line=True), rows, one_line=True)[0]
         yield from [*below, *tail]
 
     @staticmethod
@@ -84,7 +88,7 @@ class StatusView:
         jobs, left = self.status["jobs"], room - 2 - len(self.status.get("unreachable", []))
         kinds = Kinds.of(jobs)
         bad = kinds.bad
-        below = errors(bad[:max(left, 0) + 1])  # more than fit are never measured: one line each at least
+        below = errors(bad[:max(left, 0) + 1], self.view.runner)  # more than fit are never measured: one line each at least
         for level in range(3):
             rows = kinds.at(level)
             if len(rows) + total_lines(below, height, left) <= left and len(below) == len(bad):
@@ -97,13 +101,19 @@ class StatusView:
         left -= len(bad) + 1 + sum(height(line) for line in shown)
         return bad + rest[:left] + ([more_row(jobs, bad + rest[:left])] if rest[left:] else []), shown
 
-    def table(self, columns: list[Column], view: View, jobs: Iterable[Job], boxed: bool = False,
-              one_line: bool = False) -> Table:
+    def table(self, columns: list[Column], view: View, jobs: list[Job], boxed: bool = False,
+              one_line: bool = False, width: int | None = None) -> tuple[Table, bool]:
+        """The table, and whether the bad jobs' errors go under it: where one does not fit its cell on one
+        line at `width` (a row of ten wrapped lines reads worse than a sentence under the table)."""
         if boxed:
             table = Table(title=self.title, title_justify="left")
         else:
             table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        rows = [[_text(column.cell(job, view)) for column in columns] for job in jobs]
+        rows = [[_text(column.cell(job, view)) for column in columns[:-1]] for job in jobs]
+        if width is not None:
+            view = replace(view, errors_below=_errors_below(columns, rows, jobs, view.runner, width))
+        for row, job in zip(rows, jobs):
+            row.append(_text(columns[-1].cell(job, view)))
         for host in self.status.get("unreachable", []):
             blank = [""] * (len(columns) - 3)
             rows.append([_text(cell) for cell in (host["host"], "*", Text(UNREACHABLE, "bold red"), *blank[:-1],
@@ -114,13 +124,23 @@ class StatusView:
             # NOTE: a one-line cell that never wraps is as wide as its text: given here, rich skips
             # measuring every cell of the column, a fifth of drawing 40 rows. It still narrows the
             # column to fit the terminal.
-            width = None if wraps else max(cell_len(text) for text in [column.header, *(r[index].plain for r in rows)])
+            fixed = None if wraps else max(cell_len(text) for text in [column.header, *(r[index].plain for r in rows)])
             header = Text(column.header, no_wrap=one_line, overflow="ellipsis" if one_line else None)
             table.add_column(header, justify=column.justify,  # type: ignore[arg-type]
-                             no_wrap=not wraps, overflow="ellipsis", width=width)
+                             no_wrap=not wraps, overflow="ellipsis", width=fixed)
         for row in rows:
             table.add_row(*row)
-        return table
+        return table, view.errors_below
+
+
+def _errors_below(columns: list[Column], rows: list[list[Text]], jobs: list[Job], runner: str | None,
+                  width: int) -> bool:
+    """Whether a bad job's error is longer than the last column can hold on one line at `width`, the other
+    columns (`rows`' cells, one line each) as wide as their widest cell."""
+    widths = [max(cell_len(text) for text in [column.header, *(row[index].plain for row in rows)])
+              for index, column in enumerate(columns[:-1])]
+    room = width - sum(widths) - 3 * len(columns) - 1  # each cell's padding and rule, and the edge
+    return any(cell_len(error(job, runner)) > room for job in jobs if job["state"] in BAD_STATES)
 
 
 def _text(cell: str | Text) -> Text:
@@ -129,7 +149,7 @@ def _text(cell: str | Text) -> Text:
     return Text(cell) if isinstance(cell, str) else cell
 
 
-def errors(jobs: list[Job]) -> list[Text]:
+def errors(jobs: list[Job], runner: str | None = None) -> list[Text]:
     """Each bad job's error in full, under a table whose cells can hold only its start (a row of
     `Kinds` may stand for all the datasets that failed alike: it names them)."""
     lines = []
@@ -142,9 +162,15 @@ def errors(jobs: list[Job]) -> list[Text]:
                 line = Text(f"{where}{job['stage']} {job['state']} in {len(names)} datasets ({shown}): ", style="bold red")
             else:
                 line = Text(f"{where}{job_key(job['dataset'], job['stage'])} {job['state']}: ", style="bold red")
-            line.append(error(job), style="red")
+            line.append(error(job, runner), style="red")
             lines.append(line)
     return lines
+
+
+def accept_lines(jobs: list[Job]) -> list[Text]:
+    """The draft's held-out accept length, whole, under the table whenever a train job shows one (its
+    cell holds only the start of the metrics)."""
+    return [Text(line, style="bold") for line in map(accept_length, jobs) if line]
 
 
 def gpu_lines(gpus: list[dict[str, Any]]) -> list[Text]:

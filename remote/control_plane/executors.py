@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from remote.control_plane import processes
+from remote.control_plane import hints, processes
 from remote.control_plane.layout import LOG, STATE
 from remote.control_plane.store import HostError
 from remote.control_plane.progress import write_json_atomic
@@ -123,7 +123,7 @@ class ProcessExecutor(Executor):
         message = base_message(state, progress)
         if recorded == JobState.WAITING:  # its pid is the pipeline runner's, which reports for itself
             if not processes.is_alive(state):
-                message = "not started: the pipeline runner has ended; `inv rerun --failed` resumes"
+                message = f"not started: the pipeline runner has ended; {hints.inv('rerun', failed=True)} resumes"
             return Reading(recorded, message)
         if recorded == JobState.BLOCKED:  # recorded by the pipeline runner, which never started it
             return Reading(recorded, message, blocked_by=state.get("blocked_by"))
@@ -138,7 +138,7 @@ class ProcessExecutor(Executor):
             if not processes.same_boot(state):
                 message += " (the host has rebooted since it started)"
             if processes.group_members(state):
-                message += "; its stage still runs (`inv stop` or `inv rerun --failed` ends it)"
+                message += f"; its stage still runs ({hints.inv('stop')} or {hints.inv('rerun', failed=True)} ends it)"
             return Reading(JobState.DIED, message)
         quiet = quiet_for(state, progress, now)
         if quiet is not None:

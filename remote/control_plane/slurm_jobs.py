@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from remote.control_plane import slurm
+from remote.control_plane import hints, slurm
 from remote.control_plane.layout import LOG, SCRIPT, STATE
 from remote.control_plane.progress import write_json_atomic
 from remote.control_plane.slurm import SlurmJob
@@ -74,7 +74,7 @@ def effective(state: dict[str, Any], progress: dict[str, Any], now: float, job: 
         where = f" on {job.node}" if job.node else ""
         if job.job_state == JobState.STOPPED and recorded != JobState.STOPPED:
             # NOTE: `stopped` is `inv stop`'s alone (it records it); an admin's or a script's scancel is not.
-            return JobState.DIED, f"Slurm: {base}{where}, not by `inv stop`"
+            return JobState.DIED, f"Slurm: {base}{where}, not by {hints.inv('stop')}"
         return job.job_state, f"Slurm: {base}{where}"
     if recorded.is_terminal():
         return recorded, ""

@@ -26,7 +26,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from remote.control_plane import layout
+from remote.control_plane import hints, layout
 from remote.control_plane.layout import LOCK, LOG, PROGRESS, SPEC, STATE, STOP
 from remote.control_plane.progress import read_mapping, write_json_atomic
 from remote.control_plane.states import JobState
@@ -78,7 +78,7 @@ class JobStore:
     def current_release(self) -> Path:
         link = self.root / "current"
         if not link.exists():
-            raise HostError(f"nothing deployed under {self.root}: run `inv deploy` first")
+            raise HostError(f"nothing deployed under {self.root}: run {hints.inv('deploy')} first")
         return link.resolve()
 
     @contextmanager

@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from remote.control_plane import hints
+
 
 class StageInputError(Exception):
     """A mistake the user can fix (a setting, an upstream job); shown as one line, no traceback."""
@@ -31,7 +33,7 @@ def read_upstream_manifest(directory: Path, stage: str, required: tuple[str, ...
         manifest = json.loads(path.read_text())
     except FileNotFoundError:
         raise StageInputError(f"no {stage} manifest at {path}: {stage} has not succeeded for this dataset; "
-                              f"run it first (inv launch --stage {stage})") from None
+                              f"run it first ({hints.inv('launch', stage=stage)})") from None
     except json.JSONDecodeError:
         raise StageInputError(f"{stage} manifest {path} is unreadable: rerun {stage}") from None
     if not isinstance(manifest, dict):

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from remote.control_plane import hints
 from remote.eagle3 import StageInputError
 from remote.settings import typed
 
@@ -97,7 +98,7 @@ class EvalSettings:
     def from_config(cls, config: dict[str, Any]) -> "EvalSettings":
         """The settings with their types; one line naming a missing key, or the drafts when they are unset."""
         if "drafts" in config and not config["drafts"]:
-            raise StageInputError("stages.eval.drafts is unset: run the evaluation with `inv eval`, "
+            raise StageInputError(f"stages.eval.drafts is unset: run the evaluation with {hints.inv('eval')}, "
                                   "which resolves it to train's output")
         settings = typed(cls, config, "eval", StageInputError)
         return dataclasses.replace(settings, grid=[Setting.of(entry) for entry in settings.grid])

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
+from remote.prep.errors import TEACH_A_FAMILY
 from remote.prep.load import Malformed
 from remote.prep.normalise import Record, Skip, normalise
 from remote.prep.prep_settings import PrepSettings, Target
@@ -278,7 +279,7 @@ def kept_ratio_failure(summary: Summary, min_kept_ratio: float) -> str | None:
     """Why this dataset's yield fails the stage (zero or too few records kept), or None."""
     reasons = "; ".join(f"{reason}: {n}" for reason, n in summary.top_reasons()) or "no rows read"
     if summary.kept == 0:
-        return f"no records kept from {summary.rows} rows; top skip reasons: {reasons}"
+        return f"no records kept from {summary.rows} rows; top skip reasons: {reasons}. {TEACH_A_FAMILY}"
     ratio = summary.kept / summary.rows
     if ratio < min_kept_ratio:
         return (
