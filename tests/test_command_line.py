@@ -3,6 +3,7 @@ take an optional value, a missing or misplaced flag is one line, and one command
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -105,3 +106,30 @@ def test_deploy_rerun_with_i_on_rerun_only_is_refused_and_with_i_on_each_reruns(
     done = bench.inv("deploy", "-i", "test", "rerun", "-i", "test", "--failed")
     assert "Nothing to deploy" in done.stdout and "relaunched bad/prep" in done.stdout
     assert bench.wait_state("bad/prep", {"succeeded", "failed"})["state"] == "succeeded"
+
+
+def readme_tasks_table() -> dict[str, list[list[str]]]:
+    """The commands in the first column of README's Tasks table, by task, each as words without its brackets."""
+    text = (REPO / "README.md").read_text()
+    table = text[text.index("| task |", text.index("## Tasks")):]
+    table = table[:table.index("\n\n")]
+    commands: dict[str, list[list[str]]] = defaultdict(list)
+    for row in table.splitlines()[2:]:
+        for command in re.findall(r"`inv ([^`]+)`", row.split(" | ")[0]):
+            words = command.replace("[", " ").replace("]", " ").split()
+            commands[words[0]].append(words)
+    return commands
+
+
+def test_readme_s_tasks_table_parses_against_tasks_py_and_shows_every_flag() -> None:
+    table = readme_tasks_table()
+    contexts = {context.name: context for context in tasks.ns.to_contexts()}
+    assert set(table) == set(contexts)
+    for name, commands in table.items():
+        shown = set()
+        for words in commands:
+            parsed = Parser(contexts=contexts.values()).parse_argv(words)  # a flag the task lacks: ParseError
+            shown |= {arg.name for arg in parsed[0].args.values() if arg.got_value}
+        # -i is in every task (said above the table); deploy's -d is there to be refused
+        unshown = {arg.name for arg in contexts[name].args.values()} - shown - {"inventory"}
+        assert unshown == ({"dataset"} if name == "deploy" else set()), name
