@@ -47,7 +47,8 @@ def deploy(c: Context, inventory: str | None = None, dry_run: bool = False, reva
 
     if dataset is not None:  # -d is --dataset in every task; it was --dry-run here once
         raise AerieError(f"deploy sends the whole checkout, for every dataset: it takes no -d/--dataset (`inv deploy "
-                         f"--dry-run` lists what it would send); `inv launch -d {dataset} --stage STAGE` starts a dataset's job")
+                         f"--dry-run` lists what it would send); `inv launch -d {dataset} --stage STAGE` starts a "
+                         f"dataset's job")
     with fleet(inventory_name(c, inventory)) as hosts:
         with on_interrupt(deployment.NOTHING_SENT):
             samples.check(hosts.inventory, console(), cached=not revalidate)
@@ -91,8 +92,7 @@ def status(c: Context, inventory: str | None = None, json: bool = False, watch: 
 @task(long_only=["failed"],
       help={"failed": "what rerun relaunches, said in full: the jobs that failed, died, came out empty, stalled or "
                       "broke, and those blocked behind them (`inv rerun` alone does the same)",
-            "dataset": "comma-separated dataset names; default: all of the inventory's",
-            "stage": "comma-separated stages; default: all", "inventory": INVENTORY})
+            "dataset": DATASET, "stage": "comma-separated stages; default: all", "inventory": INVENTORY})
 def rerun(c: Context, failed: bool = False, dataset: str | None = None, stage: str | None = None,
           inventory: str | None = None) -> None:
     """Relaunch the jobs that failed, died, came out empty, stalled or broke, and those blocked behind them, each
@@ -108,7 +108,8 @@ def rerun(c: Context, failed: bool = False, dataset: str | None = None, stage: s
 
 @task(optional=["n"],
       help={"dataset": "the dataset whose log to show", "stage": "its stage; default: the latest started",
-            "n": f"how many lines of the end to show (default and alone: {LINES})", "follow": "keep printing until the job ends",
+            "n": f"how many lines of the end to show (default and alone: {LINES})",
+            "follow": "keep printing until the job ends",
             "raw": "pass the log's bytes through as they are, escape sequences too (default: shown as ␛[...)",
             "inventory": INVENTORY})
 def logs(c: Context, dataset: str, stage: str | None = None, n: str = str(LINES), follow: bool = False,
@@ -117,7 +118,8 @@ def logs(c: Context, dataset: str, stage: str | None = None, n: str = str(LINES)
     from local.tasks import job_verbs
 
     lines = number(n, "-n", int, bare=LINES)
-    with fleet(inventory_name(c, inventory)) as hosts, on_interrupt(log_goes_on(dataset, inventory) if follow else None):
+    following = on_interrupt(log_goes_on(dataset, inventory) if follow else None)
+    with fleet(inventory_name(c, inventory)) as hosts, following:
         job_verbs.logs(hosts.host_of(dataset), dataset, stage, lines, follow, raw=raw)
 
 

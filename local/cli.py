@@ -51,7 +51,8 @@ def task(*args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], invoke.Tas
             except AerieError as exc:  # its text may quote the host or the data: shown, never obeyed
                 raise Exit(f"aerie: {visible(str(exc))}", code=2) from None
             except KeyboardInterrupt:
-                raise Exit("aerie: interrupted (Ctrl-C); `inv status` shows what the host runs", code=INTERRUPTED) from None
+                raise Exit(f"aerie: interrupted (Ctrl-C); `inv status{_given(kw.get('inventory'))}` shows what the host "
+                           f"runs", code=INTERRUPTED) from None
 
         return invoke.task(klass=Task, **kwargs)(run)
 

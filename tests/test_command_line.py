@@ -106,6 +106,8 @@ def test_deploy_rerun_with_i_on_rerun_only_is_refused_and_with_i_on_each_reruns(
     done = bench.inv("deploy", "-i", "test", "rerun", "-i", "test", "--failed")
     assert "Nothing to deploy" in done.stdout and "relaunched bad/prep" in done.stdout
     assert bench.wait_state("bad/prep", {"succeeded", "failed"})["state"] == "succeeded"
+    watched = bench.inv("status", "--watch")  # no number: every 2 s; piped, it ends when every job has
+    assert "1 job: 1 succeeded" in watched.stdout
 
 
 def readme_tasks_table() -> dict[str, list[list[str]]]:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import pty
+import re
 import select
 import signal
 import struct
@@ -111,6 +112,11 @@ def test_ctrl_c_on_run_follow_exits_130_with_one_line_and_the_run_goes_on(
         assert (jobs["pipeline/run"]["state"], jobs["A/extract"]["state"]) == ("running", "running")
         time.sleep(1.5)
         assert bench.poll()["A/extract"]["records"] > jobs["A/extract"]["records"], "the run stood still"
+        watched = interrupted([sys.executable, "-m", "invoke", "status", "--watch", "-i", "test"], bench.checkout)
+        assert (watched[0], plain(watched[1].rstrip().splitlines()[-1])) == (130, (
+            "aerie: stopped watching; the jobs go on on the host: `inv status --watch -i test` follows them, "
+            "`inv stop --all -i test` stops them")), watched[1]  # the line's own command follows the run
+        assert watched[1].rfind(SHOW_CURSOR.decode()) > watched[1].rfind(HIDE_CURSOR.decode())
     finally:
         if code is None and exit_status(pid, 0.5) is None:
             os.kill(pid, 9)
@@ -118,6 +124,29 @@ def test_ctrl_c_on_run_follow_exits_130_with_one_line_and_the_run_goes_on(
         os.close(master)
         stopped = bench.inv("stop", "--all", check=False)  # the line's own command; never a run left behind
     assert "stopped pipeline/run" in stopped.stdout
+
+
+def plain(line: str) -> str:
+    """A line without its terminal's control sequences (the cursor shown again, colours)."""
+    return re.sub(r"\x1b\[[?0-9;]*[A-Za-z]", "", line)
+
+
+def interrupted(argv: list[str], cwd: Path) -> tuple[int | None, str]:
+    """`argv` on a terminal, Ctrl-C once its table shows a running job (perhaps while the first frame is still
+    being drawn): its exit status and all it wrote."""
+    pid, master = on_a_terminal(argv, cwd)
+    screen, code = bytearray(), None
+    try:
+        read_until(master, screen, b"running", 60)
+        os.write(master, b"\x03")
+        read_to_the_end(master, screen, 60)
+        code = exit_status(pid, 60)
+    finally:
+        if code is None and exit_status(pid, 0.5) is None:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        os.close(master)
+    return code, bytes(screen).decode(errors="replace")
 
 
 def whole(root: Path) -> str:

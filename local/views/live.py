@@ -26,12 +26,18 @@ def refresh(fetch: Callable[[], dict[str, Any]], console: Console, title: str, i
         return lines_until_ended(fetch, console, title, interval, until or _all_ended)
     until = until or (lambda state: False)
     state = fetch()
-    # NOTE: Ctrl-C is not caught here: Live's exit shows the cursor again and ends the frame before the task's line.
-    with Live(status_table.render(state, title=title, fit=True), console=console, auto_refresh=False) as live:
+    live = Live(status_table.render(state, title=title, fit=True), console=console, auto_refresh=False)
+    # NOTE: not `with Live(...)`: a Ctrl-C while its first frame is drawn, inside `__enter__`, would skip
+    # `__exit__` and leave the cursor hidden and stdout and stderr redirected into the table. Ctrl-C is not
+    # caught: once `stop` has shown the cursor and ended the frame, the task says what goes on.
+    try:
+        live.start(refresh=True)
         while not until(state):
             time.sleep(interval)
             state = fetch()
             live.update(status_table.render(state, title=title, fit=True), refresh=True)
+    finally:
+        live.stop()
     return state
 
 
