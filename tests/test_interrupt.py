@@ -117,6 +117,11 @@ def test_ctrl_c_on_run_follow_exits_130_with_one_line_and_the_run_goes_on(
             "aerie: stopped watching; the jobs go on on the host: `inv status --watch -i test` follows them, "
             "`inv stop --all -i test` stops them")), watched[1]  # the line's own command follows the run
         assert watched[1].rfind(SHOW_CURSOR.decode()) > watched[1].rfind(HIDE_CURSOR.decode())
+        logs = interrupted([sys.executable, "-m", "invoke", "logs", "A", "--stage", "extract", "--follow", "-i", "test"],
+                           bench.checkout, shown=b"record")
+        assert (logs[0], plain(logs[1].rstrip().splitlines()[-1])) == (130, (
+            "aerie: stopped following the log; the job goes on on the host: `inv logs A --follow -i test` follows it, "
+            "`inv stop -d A -i test` stops it")), logs[1]
     finally:
         if code is None and exit_status(pid, 0.5) is None:
             os.kill(pid, 9)
@@ -127,17 +132,18 @@ def test_ctrl_c_on_run_follow_exits_130_with_one_line_and_the_run_goes_on(
 
 
 def plain(line: str) -> str:
-    """A line without its terminal's control sequences (the cursor shown again, colours)."""
-    return re.sub(r"\x1b\[[?0-9;]*[A-Za-z]", "", line)
+    """A line without its terminal's control sequences (the cursor shown again, colours) and the `^C` the
+    terminal echoes where the cursor was."""
+    return re.sub(r"\x1b\[[?0-9;]*[A-Za-z]", "", line).removeprefix("^C")
 
 
-def interrupted(argv: list[str], cwd: Path) -> tuple[int | None, str]:
-    """`argv` on a terminal, Ctrl-C once its table shows a running job (perhaps while the first frame is still
+def interrupted(argv: list[str], cwd: Path, shown: bytes = b"running") -> tuple[int | None, str]:
+    """`argv` on a terminal, Ctrl-C once it has shown `shown` (a table: perhaps while its first frame is still
     being drawn): its exit status and all it wrote."""
     pid, master = on_a_terminal(argv, cwd)
     screen, code = bytearray(), None
     try:
-        read_until(master, screen, b"running", 60)
+        read_until(master, screen, shown, 60)
         os.write(master, b"\x03")
         read_to_the_end(master, screen, 60)
         code = exit_status(pid, 60)
