@@ -103,23 +103,26 @@ class Executor(invoke.Executor):
             self.config.load_collection(self.collection.configuration())  # as Invoke does before each task
             self.config.load_shell_env()
             contexts = tasks if len(tasks) == len(calls) else [None] * len(calls)
-            one_inventory([(_spelled(call, context), *_inventory(call, self.config.get("inventory")))
-                           for call, context in zip(calls, contexts) if _takes_inventory(call)])
+            typed = [(_spelled(call, context), *_inventory(call, self.config.get("inventory")), _bare(context))
+                     for call, context in zip(calls, contexts) if _takes_inventory(call)]
+            one_inventory([t[:3] for t in typed], open_ended=any(t[3] for t in typed[:-1]))
         return super().execute(*tasks)
 
 
-def one_inventory(chosen: list[tuple[str, str, str]]) -> None:
-    """Refuse, in one line, tasks (as typed, their inventory, and what chose it: `-i`, `default` or `always`,
-    for a task that takes no -i) that would run on two inventories."""
+def one_inventory(chosen: list[tuple[str, str, str]], open_ended: bool = False) -> None:
+    """Refuse, in one line, tasks (as typed, their inventory, and what chose it: `-i`, `the default`, or `always`
+    for a task that takes no -i) that would run on two inventories. `open_ended`: a task but the last ends with
+    a flag of optional value given none (`--watch`), which would take the next task's name as its value."""
     if len({resolve_path(inventory).resolve() for _, inventory, _ in chosen}) <= 1:
         return
     runs = ", ".join(f"`{typed}` on {inventory}{'' if why == '-i' else f' ({why})'}" for typed, inventory, why in chosen)
     named = next((inventory for _, inventory, why in chosen if why == "always"), None) or \
         next((inventory for _, inventory, why in chosen if why == "-i"), chosen[0][1])
-    each = " ".join(typed if why == "always" else _with_inventory(typed, named) for typed, _, why in chosen)
-    once = " ".join(typed for typed, _, _ in chosen)
-    raise Exit(f"aerie: one command line runs on one inventory, not {runs}: give -i to each task "
-               f"(`inv {each}`) or set it once (`INVOKE_INVENTORY={shlex.quote(named)} inv {once}`)", code=2)
+    each = " ".join(typed if why == "always" else f"{typed} -i {shlex.quote(named)}" for typed, _, why in chosen)
+    once = "" if open_ended else \
+        f" or set it once (`INVOKE_INVENTORY={shlex.quote(named)} inv {' '.join(typed for typed, _, _ in chosen)}`)"
+    raise Exit(f"aerie: one command line runs on one inventory, not {runs}: give -i to each task (`inv {each}`){once}",
+               code=2)
 
 
 def _takes_inventory(call: Any) -> bool:
@@ -132,22 +135,27 @@ def _inventory(call: Any, default: str | None) -> tuple[str, str]:
     return (fixed, "always") if fixed else (given, "-i") if given else (default or "local", "the default")
 
 
+def _given_args(context: Any) -> list[Any]:
+    """The flags Invoke parsed for a task, but -i; a flag of optional value given none last."""
+    args = [a for a in getattr(context, "args", {}).values() if a.name != "inventory" and a.got_value]
+    return sorted(args, key=lambda a: a.optional and a.value is True)
+
+
+def _bare(context: Any) -> bool:
+    args = _given_args(context)
+    return bool(args) and args[-1].optional and args[-1].value is True
+
+
 def _spelled(call: Any, context: Any) -> str:
     """The task as typed, but its -i: its name and the flags Invoke parsed for it."""
     words = [call.called_as or call.task.name]
-    for arg in getattr(context, "args", {}).values():
-        if arg.name == "inventory" or not arg.got_value:
-            continue
+    for arg in _given_args(context):
+        flag = f"-{arg.name}" if len(arg.name) == 1 else f"--{arg.name}"  # `-n`
         if arg.value is True or arg.value is False:
-            words.append(f"--{'' if arg.value else 'no-'}{arg.name}")
+            words.append(flag if arg.value else f"--no-{arg.name}")
         else:
-            words += [f"--{arg.name}", shlex.quote(str(arg.value))]
+            words += [flag, shlex.quote(str(arg.value))]
     return " ".join(words)
-
-
-def _with_inventory(typed: str, inventory: str) -> str:
-    name, _, flags = typed.partition(" ")
-    return " ".join(filter(None, (name, f"-i {shlex.quote(inventory)}", flags)))
 
 
 def exit_without_collecting() -> None:

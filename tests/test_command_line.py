@@ -4,6 +4,7 @@ take an optional value, a missing or misplaced flag is one line, and one command
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 from collections import defaultdict
@@ -76,11 +77,28 @@ def test_tasks_on_two_inventories_are_named_with_both_ways_to_write_it() -> None
         one_inventory([("deploy", "local", "the default"), ("rerun --failed", "seed", "-i")])
     assert refused.value.code == 2 and refused.value.message == (
         "aerie: one command line runs on one inventory, not `deploy` on local (the default), `rerun --failed` on seed: "
-        "give -i to each task (`inv deploy -i seed rerun -i seed --failed`) or set it once "
+        "give -i to each task (`inv deploy -i seed rerun --failed -i seed`) or set it once "
         "(`INVOKE_INVENTORY=seed inv deploy rerun --failed`)")
     one_inventory([("deploy", "local", "the default"), ("rerun", "inventories/local.yaml", "-i")])  # one file, two names
     with pytest.raises(Exit, match=r"`demo` on local \(always\): give -i to each task \(`inv deploy -i local demo`\)"):
         one_inventory([("deploy", "gpu", "-i"), ("demo", "local", "always")])
+
+
+@pytest.mark.parametrize("argv", [
+    ["deploy", "rerun", "-i", "seed", "--failed"],
+    ["deploy", "status", "--watch", "-i", "seed", "rerun", "-d", "A1,B5"],  # `--watch rerun` would not parse
+    ["validate", "-i", "x", "logs", "B5", "-n", "--stage", "a b", "launch", "-s", "prep", "--force"],
+])
+def test_the_ways_a_refusal_offers_parse_as_written_and_name_one_inventory(argv: list[str]) -> None:
+    done = inv(*argv)
+    assert (done.returncode, done.stdout, len(done.stderr.splitlines())) == (2, "", 1), done.stderr
+    offered = re.findall(r"`((?:INVOKE_INVENTORY=\S+ )?inv [^`]+)`", done.stderr)
+    assert offered and all(" -i " in way or way.startswith("INVOKE_INVENTORY=") for way in offered), done.stderr
+    for way in offered:
+        words = shlex.split(way.partition("inv ")[2])
+        parsed = Parser(contexts=tasks.ns.to_contexts()).parse_argv(words)
+        assert [context.name for context in parsed] == [w for w in argv if w in tasks.ns.task_names], way
+        assert len({context.as_kwargs.get("inventory") for context in parsed}) == 1, way
 
 
 @pytest.mark.e2e
@@ -98,7 +116,7 @@ def test_deploy_rerun_with_i_on_rerun_only_is_refused_and_with_i_on_each_reruns(
     assert (refused.returncode, refused.stdout) == (2, "")
     assert refused.stderr.splitlines() == [
         "aerie: one command line runs on one inventory, not `deploy` on local (the default), `rerun --failed` on "
-        "test: give -i to each task (`inv deploy -i test rerun -i test --failed`) or set it once "
+        "test: give -i to each task (`inv deploy -i test rerun --failed -i test`) or set it once "
         "(`INVOKE_INVENTORY=test inv deploy rerun --failed`)"]
     assert not (bench.checkout / ".aerie" / "local").exists(), "deploy went to the default inventory's root"
     assert bench.poll()["bad/prep"]["state"] == "failed" and sorted((bench.root / "releases").iterdir()) == releases
