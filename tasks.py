@@ -1,16 +1,20 @@
 """aerie: run the EAGLE-3 data and training pipeline on a GPU host from this checkout.
 
 `inv --list` shows the tasks; every task takes -i/--inventory NAME|PATH
-(default: Invoke's config key `inventory`, `local` in invoke.yaml). An inventory
-with several `hosts` runs each task on all of them at once.
+(default: Invoke's config key `inventory`, `local` in invoke.yaml); tasks chained
+on one command line run on one inventory. A short flag means one thing in every
+task: -d --dataset, -s --stage, -f --follow, -i --inventory, -j --json. An
+inventory with several `hosts` runs each task on all of them at once.
 """
 
 from __future__ import annotations
 
 from invoke import Collection, Context, Exit
 
-from local.cli import exit_without_collecting, inventory_name, number, split, task
+from local.cli import (exit_without_collecting, goes_on, inventory_name, log_goes_on, number, on_interrupt, split,
+                       task)
 from local.console import console
+from local.exceptions import AerieError
 from local.host.fleet import fleet
 from local.inventory.loader import load
 from local.views.status_data import any_bad
@@ -19,6 +23,8 @@ exit_without_collecting()  # a command ends about 80 ms sooner (see there)
 
 INVENTORY = "inventory NAME (inventories/NAME.yaml) or a path; default: config key `inventory`"
 DATASET = "comma-separated dataset names; default: all of the inventory's"
+WATCH = 2.0  # seconds between refreshes of `inv status --watch` given no number
+LINES = 50  # lines of a log `inv logs` shows
 
 
 @task(help={"inventory": INVENTORY, "json": "print a JSON list instead of the table"})
@@ -29,24 +35,39 @@ def validate(c: Context, inventory: str | None = None, json: bool = False) -> No
     samples.check(load(inventory_name(c, inventory)), console(), as_json=json)
 
 
-@task(help={"inventory": INVENTORY, "dry_run": "list what would be added, changed and removed; send nothing",
-            "revalidate": "validate every dataset again, even those whose sample, prep code and settings are unchanged"})
-def deploy(c: Context, inventory: str | None = None, dry_run: bool = False, revalidate: bool = False) -> None:
+@task(long_only=["dry_run", "revalidate"],
+      help={"inventory": INVENTORY, "dry_run": "list what would be added, changed and removed; send nothing",
+            "revalidate": "validate every dataset again, even those whose sample, prep code and settings are unchanged",
+            "dataset": "refused: a deploy sends the whole checkout, for every dataset (then `inv launch -d ...`)"})
+def deploy(c: Context, inventory: str | None = None, dry_run: bool = False, revalidate: bool = False,
+           dataset: str | None = None) -> None:
     """Check locally, then sync remote/ to the host(s) as a new release, atomically."""
     from local.tasks import deployment
     from local.validation import samples
 
+    if dataset is not None:  # -d is --dataset in every task; it was --dry-run here once
+        raise AerieError(f"deploy sends the whole checkout, for every dataset: it takes no -d/--dataset (`inv deploy "
+                         f"--dry-run` lists what it would send); `inv launch -d {dataset} --stage STAGE` starts a "
+                         f"dataset's job")
     with fleet(inventory_name(c, inventory)) as hosts:
-        samples.check(hosts.inventory, console(), cached=not revalidate)
-        hosts.raise_failures(hosts.each(lambda host, out: deployment.deploy(host, out, dry_run), console()))
+        with on_interrupt(deployment.NOTHING_SENT):
+            samples.check(hosts.inventory, console(), cached=not revalidate)
+        with on_interrupt(deployment.INTERRUPTED):
+            hosts.raise_failures(hosts.each(lambda host, out: deployment.deploy(host, out, dry_run), console()))
 
 
-@task(help={"stage": "the stage to run: prep, infer, extract or train", "dataset": DATASET, "inventory": INVENTORY,
+@task(long_only=["force"],
+      help={"stage": "the stage to run: prep, infer, extract, train or eval", "dataset": DATASET, "inventory": INVENTORY,
             "force": "run again a job that has succeeded (its output is kept until the new run succeeds)"})
-def launch(c: Context, stage: str, dataset: str | None = None, inventory: str | None = None, force: bool = False) -> None:
+def launch(c: Context, stage: str | None = None, dataset: str | None = None, inventory: str | None = None,
+           force: bool = False) -> None:
     """Start one detached job per dataset for a stage."""
+    from local.inventory.stages import stage_names
     from local.tasks import job_verbs
 
+    if not stage:  # not Invoke's "did not receive required positional arguments"
+        raise AerieError(f"name the stage to launch: `inv launch --stage STAGE{f' -d {dataset}' if dataset else ''}`, "
+                         f"STAGE one of {', '.join(stage_names())}")
     with fleet(inventory_name(c, inventory)) as hosts:
         hosts.inventory.stage(stage)  # an unknown stage or dataset is refused before anything runs
         hosts.inventory.select(split(dataset))
@@ -54,24 +75,28 @@ def launch(c: Context, stage: str, dataset: str | None = None, inventory: str | 
             lambda host, out: job_verbs.launch(host, out, stage, split(dataset), force), console()))
 
 
-@task(help={"inventory": INVENTORY, "json": "print a JSON list instead of the table",
-            "watch": "refresh the table in place every N seconds (Ctrl-C ends)"})
+@task(optional=["watch"], help={"inventory": INVENTORY, "json": "print a JSON list instead of the table",
+                                 "watch": f"refresh the table in place every N seconds (alone: {WATCH:g}) until Ctrl-C"})
 def status(c: Context, inventory: str | None = None, json: bool = False, watch: str = "") -> None:
     """Every job's state, records, rate and last line, from one remote command per host."""
     from local.tasks import status_query
 
-    every = number(watch, "--watch", float) if watch else 0.0
-    with fleet(inventory_name(c, inventory)) as hosts:
+    every = number(watch, "--watch", float, bare=WATCH) if watch else 0.0
+    watching = on_interrupt(goes_on(inventory, jobs=True) if every and not json else None)
+    with fleet(inventory_name(c, inventory)) as hosts, watching:
         state = status_query.status(hosts.status, console(), hosts.title, as_json=json, watch=every)
     if any_bad(state):
         raise Exit(code=1)
 
 
-@task(help={"failed": "relaunch the failed, died, empty, stalled, broken and blocked jobs (the default, and the only mode)",
+@task(long_only=["failed"],
+      help={"failed": "what rerun relaunches, said in full: the jobs that failed, died, came out empty, stalled or "
+                      "broke, and those blocked behind them (`inv rerun` alone does the same)",
             "dataset": DATASET, "stage": "comma-separated stages; default: all", "inventory": INVENTORY})
-def rerun(c: Context, failed: bool = True, dataset: str | None = None, stage: str | None = None,
+def rerun(c: Context, failed: bool = False, dataset: str | None = None, stage: str | None = None,
           inventory: str | None = None) -> None:
-    """Relaunch exactly the jobs that failed, died, came out empty, stalled or were blocked behind them, on the current release."""
+    """Relaunch the jobs that failed, died, came out empty, stalled or broke, and those blocked behind them, each
+    with its spec rebuilt from the inventory as it is now, on the current release; succeeded jobs are left alone."""
     from local.tasks import job_verbs
 
     with fleet(inventory_name(c, inventory)) as hosts:
@@ -81,17 +106,20 @@ def rerun(c: Context, failed: bool = True, dataset: str | None = None, stage: st
         hosts.raise_failures(hosts.each(lambda host, out: job_verbs.rerun(host, out, names, stages), console()))
 
 
-@task(help={"dataset": "the dataset whose log to show", "stage": "its stage; default: the latest started",
-            "n": "how many lines of the end to show", "follow": "keep printing until the job ends",
+@task(optional=["n"],
+      help={"dataset": "the dataset whose log to show", "stage": "its stage; default: the latest started",
+            "n": f"how many lines of the end to show (default and alone: {LINES})",
+            "follow": "keep printing until the job ends",
             "raw": "pass the log's bytes through as they are, escape sequences too (default: shown as ␛[...)",
             "inventory": INVENTORY})
-def logs(c: Context, dataset: str, stage: str | None = None, n: str = "50", follow: bool = False, raw: bool = False,
-         inventory: str | None = None) -> None:
+def logs(c: Context, dataset: str, stage: str | None = None, n: str = str(LINES), follow: bool = False,
+         raw: bool = False, inventory: str | None = None) -> None:
     """Print the end of a job's log, or follow it; control characters shown unless --raw."""
     from local.tasks import job_verbs
 
-    lines = number(n, "-n", int)
-    with fleet(inventory_name(c, inventory)) as hosts:
+    lines = number(n, "-n", int, bare=LINES)
+    following = on_interrupt(log_goes_on(dataset, inventory) if follow else None)
+    with fleet(inventory_name(c, inventory)) as hosts, following:
         job_verbs.logs(hosts.host_of(dataset), dataset, stage, lines, follow, raw=raw)
 
 
@@ -110,7 +138,8 @@ def stop(c: Context, dataset: str | None = None, all: bool = False, stage: str |
         hosts.raise_failures(hosts.each(lambda host, out: job_verbs.stop(host, out, names, stages), console()))
 
 
-@task(help={"inventory": INVENTORY, "fingerprint": "trust only if the key's SHA256 fingerprint is this",
+@task(long_only=["fingerprint"],
+      help={"inventory": INVENTORY, "fingerprint": "trust only if the key's SHA256 fingerprint is this",
             "yes": "trust without asking (after checking the fingerprint yourself)"})
 def trust(c: Context, inventory: str | None = None, fingerprint: str | None = None, yes: bool = False) -> None:
     """Show the host's key fingerprint and add it to known_hosts when you confirm."""
@@ -132,7 +161,8 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
         hosts.raise_failures(routes)
         hosts.raise_failures(hosts.each(lambda host, out: pipeline_run.run(host, out, names, routes[hosts.name_of(host)]),
                                         console()))
-        ended = live.follow(hosts.status, console(), hosts.title) if follow else None
+        with on_interrupt(goes_on(inventory)):  # NOTE: the end of the run is the block's own: only Ctrl-C here
+            ended = live.follow(hosts.status, console(), hosts.title) if follow else None
     if ended is not None and any_bad(ended):  # blocked jobs and their failures, and what to do next
         raise Exit(f"aerie: {pipeline_run.outcome(ended)}", code=1)
 
@@ -149,7 +179,8 @@ def plan(c: Context, inventory: str | None = None, json: bool = False) -> None:
         raise Exit(code=1)
 
 
-@task(help={"inventory": INVENTORY,
+@task(long_only=["install"],
+      help={"inventory": INVENTORY,
             "install": "first pip install what the stages import (pyproject's `host` extra) into host.python"})
 def check(c: Context, inventory: str | None = None, install: bool = False) -> None:
     """Check the host before a run: Python and packages, GPUs, disk, the target, layer ids, the inference server."""
@@ -171,7 +202,7 @@ def evaluate(c: Context, inventory: str | None = None, json: bool = False) -> No
         evaluation.run(hosts.single, console(), as_json=json)
 
 
-@task
+@task(inventory="local")
 def demo(c: Context) -> None:
     """Run the whole pipeline on the embedded `local` inventory with a tiny model built offline."""
     from local.tasks import pipeline_run

@@ -14,6 +14,12 @@ if TYPE_CHECKING:
     from local.host.verbs import RemoteHost
 
 LISTED = 12  # paths a deploy lists before it summarises (a dry run lists all)
+#: What Ctrl-C leaves, before anything was sent and after: the host switches `current` in one rename, once a
+#: release has arrived whole (remote/control_plane/release.py), so it never runs half of one.
+NOTHING_SENT = "deploy interrupted (Ctrl-C) before anything was sent: the host runs the release it ran"
+INTERRUPTED = ("deploy interrupted (Ctrl-C): the host runs a whole release, the one it ran or this checkout's (a "
+               "release goes live in one rename, once it has arrived whole); `inv deploy` again says which, and sends "
+               "what is missing")
 
 
 def deploy(host: RemoteHost, console: Console, dry_run: bool = False) -> str | None:

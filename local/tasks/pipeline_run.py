@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from local.cli import goes_on, on_interrupt
 from local.console import line
 from local.exceptions import AerieError
 from local.jobs import pipeline
@@ -58,7 +59,8 @@ def demo(host: RemoteHost, console: Console) -> dict[str, Any]:
     samples.check(host.inventory, console)
     deployment.deploy(host, console)
     run(host, console, None, host.inventory.stages.extract.route)  # auto, unresolved: offline
-    state = live.follow(lambda: host.call("status"), console, f"{host.name}:{host.root}")  # its last frame stays
+    with on_interrupt(goes_on("local")):
+        state = live.follow(lambda: host.call("status"), console, f"{host.name}:{host.root}")  # its last frame stays
     accept = accept_line(state, host.inventory)
     if accept:
         console.print(line(accept))

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 def refresh(fetch: Callable[[], dict[str, Any]], console: Console, title: str, interval: float,
             until: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
     """The live table (`--watch`, `--follow`, the demo): fetched and redrawn every `interval` seconds
-    until `until(state)` (None: never, on a terminal) or Ctrl-C; the last state, whose frame stays on
-    the screen. Without a terminal, a line per change of state instead, until the run ends."""
+    until `until(state)` (None: never, on a terminal); the last state, whose frame stays on the screen.
+    Without a terminal, a line per change of state instead, until the run ends. Ctrl-C is raised to the
+    task (local/cli.py's `on_interrupt` says what goes on), once the terminal is whole again."""
     from rich.live import Live
 
     from local.views import status_table
@@ -25,16 +26,18 @@ def refresh(fetch: Callable[[], dict[str, Any]], console: Console, title: str, i
         return lines_until_ended(fetch, console, title, interval, until or _all_ended)
     until = until or (lambda state: False)
     state = fetch()
-    with Live(status_table.render(state, title=title, fit=True), console=console, auto_refresh=False) as live:
-        try:
-            while not until(state):
-                time.sleep(interval)
-                state = fetch()
-                live.update(status_table.render(state, title=title, fit=True), refresh=True)
-        except KeyboardInterrupt:
-            pass
-    if not console.is_terminal:  # NOTE: rich ends the last frame with a line break only on a terminal
-        console.line()
+    live = Live(status_table.render(state, title=title, fit=True), console=console, auto_refresh=False)
+    # NOTE: not `with Live(...)`: a Ctrl-C while its first frame is drawn, inside `__enter__`, would skip
+    # `__exit__` and leave the cursor hidden and stdout and stderr redirected into the table. Ctrl-C is not
+    # caught: once `stop` has shown the cursor and ended the frame, the task says what goes on.
+    try:
+        live.start(refresh=True)
+        while not until(state):
+            time.sleep(interval)
+            state = fetch()
+            live.update(status_table.render(state, title=title, fit=True), refresh=True)
+    finally:
+        live.stop()
     return state
 
 
