@@ -31,10 +31,12 @@ REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 CONTENT_FIELDS = ("content", "value", "text")
 #: The fields of a turn prep reads, by role; any other that holds something is counted as dropped.
 TURN_FIELDS = frozenset({"role", "from", *CONTENT_FIELDS})
-USED_FIELDS = {"assistant": TURN_FIELDS | {*REASONING_FIELDS, "tool_calls", "function_call"},
+USED_FIELDS = {"assistant": TURN_FIELDS | {*REASONING_FIELDS, "tool_calls", "function_call", "output_ids"},
                "tool": TURN_FIELDS | {"tool_call_id", "name"}}
 SWE_AGENT_FIELDS = frozenset({"role", "text", "system_prompt"})
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+#: Families whose agent writes its actions in the text, not as tool calls.
+INLINE_ACTIONS = ("agent_trajectory", "swe_agent")
 
 
 @dataclass
@@ -49,6 +51,8 @@ class Record:
     format: str = field(default="", compare=False)
     #: Fields of its turns that prep does not use (``thoughts``, ``actions``), by name: turns that held one.
     dropped: Counter = field(default_factory=Counter, compare=False)
+    #: Prompts only: turns of the row not asked for (an agent's actions written in its text).
+    left_out: int = field(default=0, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "conversations": self.conversations}
@@ -76,7 +80,12 @@ def normalise(row: Any, index: int, kind: str = "native", dataset: str = "") -> 
     record = Record(_row_id(row, index, dataset), turns, normalise_tools(row.get("tools")), fmt, dropped)
     if kind == "prompts":
         record.conversations = _prompt_turns(turns)
-        record.tools = None
+        if fmt.startswith(INLINE_ACTIONS):
+            # NOTE: their actions are written in the text, so no answer of the target can be matched to one:
+            # the observations after the first would answer actions the target never took.
+            first = ask_points(record.conversations)[0]
+            record.left_out = len(ask_points(record.conversations)) - 1
+            record.conversations = record.conversations[: first + 1]
     else:
         record.conversations = _native_turns(turns)
     return record
@@ -296,13 +305,36 @@ def _native_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _prompt_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """System prompt (if any) and the first user turn with text: what to send to the target."""
-    for i, turn in enumerate(turns):
+    """What infer regenerates: the system prompt, every user turn with text, and for an agent row each
+    original call (an assistant turn of its `tool_calls` alone, to match the target's own against) and
+    the tool results that answered it. The dataset's answers are left out: the target writes its own
+    (`remote.infer.conversation`)."""
+    first = next((i for i, t in enumerate(turns) if t["role"] == "user" and t["content"].strip()), None)
+    if first is None:
+        raise Skip("no user turn with text")
+    system = next((t for t in turns[:first] if t["role"] == "system"), None)
+    out = [{"role": "system", "content": system["content"]}] if system else []
+    for turn in turns[first:]:
         if turn["role"] == "user" and turn["content"].strip():
-            system = next((t for t in turns[:i] if t["role"] == "system"), None)
-            user = {"role": "user", "content": turn["content"]}
-            return ([{"role": "system", "content": system["content"]}] if system else []) + [user]
-    raise Skip("no user turn with text")
+            out.append({"role": "user", "content": turn["content"]})
+        elif turn["role"] == "assistant" and turn.get("tool_calls"):
+            out.append({"role": "assistant", "content": "", "tool_calls": turn["tool_calls"]})
+        elif turn["role"] == "tool" and out[-1]["role"] in ("assistant", "tool"):
+            out.append({k: v for k, v in turn.items() if k in ("role", "content", "tool_call_id", "name")})
+    while out[-1]["role"] == "assistant":  # a call never answered: nothing to regenerate after it
+        out.pop()
+    return out
+
+
+def ask_points(turns: list[dict[str, Any]]) -> list[int]:
+    """Where the target speaks in a prompts record: after each user turn and after each block of tool
+    results, as indices of the turn it answers."""
+    points = []
+    for i, turn in enumerate(turns):
+        after = turns[i + 1]["role"] if i + 1 < len(turns) else None
+        if turn["role"] == "user" or (turn["role"] == "tool" and after != "tool"):
+            points.append(i)
+    return points
 
 
 def says_something(turn: dict[str, Any]) -> bool:

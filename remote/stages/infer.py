@@ -46,7 +46,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from remote.infer.autotune import Autotuner, Fixed
-from remote.infer.client import ChatClient, Result
+from remote.infer.client import ChatClient
+from remote.infer.conversation import Regenerated, regenerate
+from remote.infer.tally import Tally
 from remote.infer.journal import Journal
 from remote.infer.infer_settings import InferSettings, SettingsError
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
@@ -164,7 +166,8 @@ class InferRun:
         self.refusals: dict[str, int] = {}  # this run's and kept ones, by reason
         self.logged: set[str] = set()  # the reasons whose first refusal the log shows
         self.answered_any = False
-        self.totals = {"retries": 0, "truncated": 0, "completion_tokens": 0}
+        self.totals = {"retries": 0, "completion_tokens": 0}
+        self.tally = Tally()
         self.tuner: Autotuner | Fixed = (
             Autotuner(settings.max_concurrency) if settings.is_auto else Fixed(settings.concurrency))
         self.recent: deque[tuple[float, int]] = deque()  # (when, completion tokens) of recent answers
@@ -177,6 +180,7 @@ class InferRun:
         for journal in ([self.finished] if self.finished else []) + [self.answers]:
             for record in journal.read():
                 self.done.add(record["id"])
+                self.tally.add(record)
                 self.progress.written()
         self.answered_any = bool(self.done)
         refused = list(self.refused.read())
@@ -191,11 +195,12 @@ class InferRun:
         self.progress.resumed()
         return len(self.done)
 
-    def refusal(self, result: Result) -> dict[str, Any]:
-        """The journal's line for a prompt the server refused: its reason with the server's words, the
-        first of each reason also in the log."""
+    def refusal(self, result: Regenerated) -> dict[str, Any]:
+        """The journal's line for a prompt the server refused (or whose only answer was empty, or truncated
+        and dropped): its reason with the server's words, the first of each reason also in the log."""
         failure = result.failure
-        reason = "empty answer" if failure is None else f"{failure.reason}: {failure.detail}" if failure.detail else failure.reason
+        reason = (result.ended or "empty answer") if failure is None else (
+            f"{failure.reason}: {failure.detail}" if failure.detail else failure.reason)
         if reason not in self.refusals and len(self.refusals) >= REASONS_KEPT:
             reason = f"{failure.reason if failure else reason} (other reasons: see the log)"
         if reason not in self.logged:
@@ -215,13 +220,13 @@ class InferRun:
         """Answer every prompt not yet done; return how many prompts there are in all."""
         self.total = 0
         todo = self.todo(prompts)
-        pending: dict[Future[Result], int] = {}  # each request, and the concurrency it was sent at
+        pending: dict[Future[Regenerated], int] = {}  # each request, and the concurrency it was sent at
         workers = self.settings.max_concurrency if self.settings.is_auto else self.settings.concurrency
         with ThreadPoolExecutor(workers, thread_name_prefix="infer") as pool:
             # NOTE: threads start only as requests need them, so `auto` at 12 holds 12, not 256.
             def fill() -> None:
                 while len(pending) < self.tuner.concurrency and (record := next(todo, None)) is not None:
-                    pending[pool.submit(self.client.answer, record)] = self.tuner.concurrency
+                    pending[pool.submit(self.regenerate, record)] = self.tuner.concurrency
 
             fill()
             while pending:
@@ -231,6 +236,9 @@ class InferRun:
                 self.collect(levels)
         return self.total
 
+    def regenerate(self, record: dict[str, Any]) -> Regenerated:
+        return regenerate(record, self.client.answer, self.settings.turns, self.settings.truncated)
+
     def todo(self, prompts: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         """The prompts still to ask for, counting every prompt into `total` on the way."""
         for record in prompts:
@@ -239,29 +247,29 @@ class InferRun:
                 continue  # a gone server: still count the prompts, so the message says how many are left
             yield record
 
-    def collect(self, levels: dict[Future[Result], int]) -> None:
+    def collect(self, levels: dict[Future[Regenerated], int]) -> None:
         """Record the finished requests as one durable batch, and tell the tuner how they went."""
         answered, refused = [], []
         for future, level in levels.items():
             result = future.result()
             self.totals["retries"] += result.retries
             self.observe(result, level)
-            if result.answer is not None and (result.answer.content or result.answer.reasoning_content):
+            if result.turns:
                 answered.append(result)
-            elif result.answer is not None or (result.failure is not None and not result.failure.retryable):
+            elif result.failure is None or not result.failure.retryable:
                 refused.append(self.refusal(result))
             else:
                 self.fail(result)
-        self.answers.append([_conversation(r) for r in answered])
+        self.answers.append([r.to_json() for r in answered])
         self.refused.append(refused)
         self.count(answered, refused)
 
-    def observe(self, result: Result, level: int) -> None:
+    def observe(self, result: Regenerated, level: int) -> None:
         """Retries and final failures are the server's overload; a 4xx refusal is the prompt's own."""
-        if result.answer is not None:
-            self.tuner.observe(level, result.answer.completion_tokens, result.seconds, error=result.retries > 0)
+        if result.completion_tokens or result.turns:
+            self.tuner.observe(level, result.completion_tokens, result.seconds, error=result.retries > 0)
             now = time.monotonic()
-            self.recent.append((now, result.answer.completion_tokens))
+            self.recent.append((now, result.completion_tokens))
             while self.recent and self.recent[0][0] < now - RATE_WINDOW:
                 self.recent.popleft()
         elif result.failure is not None and result.failure.retryable:
@@ -274,18 +282,18 @@ class InferRun:
         span = max(time.monotonic() - max(self.recent[0][0], self.started), 1e-3)
         return sum(tokens for _, tokens in self.recent) / min(span, RATE_WINDOW)
 
-    def fail(self, result: Result) -> None:
+    def fail(self, result: Regenerated) -> None:
         reason = result.failure.reason if result.failure else "no answer"
         self.failed[reason] = self.failed.get(reason, 0) + 1
         self.failed_in_a_row += 1
         self.progress.skipped(reason)
 
-    def count(self, answered: list[Result], refused: list[dict[str, Any]]) -> None:
+    def count(self, answered: list[Regenerated], refused: list[dict[str, Any]]) -> None:
         """Counters move only after the batch is on disk, so they never exceed the journal."""
         for result in answered:
             self.done.add(result.record["id"])
-            self.totals["truncated"] += result.answer.finish_reason == "length"
-            self.totals["completion_tokens"] += result.answer.completion_tokens
+            self.tally.add(result.to_json())
+            self.totals["completion_tokens"] += result.completion_tokens
             self.progress.written()
         for record in refused:
             self.done.add(record["id"])
@@ -293,7 +301,7 @@ class InferRun:
         if answered:
             self.failed_in_a_row = 0
             self.answered_any = True
-        self.progress.metrics(**self.totals, concurrency=self.tuner.concurrency,
+        self.progress.metrics(**self.totals, **self.tally.metrics(), concurrency=self.tuner.concurrency,
                               tokens_per_s=round(self.tokens_per_s(), 1))
 
     def is_server_gone(self) -> bool:
@@ -343,6 +351,7 @@ def finish(output: Path, ctx: StageContext, upstream: Upstream, settings: InferS
             "upstream": {"stage": "prep", "release": upstream.release, "prompts_sha256": upstream.sha256},
             "records": run.progress.records,
             "skip_reasons": dict(run.progress.skip_reasons),
+            "turns": run.tally.manifest(),
             "server_url": settings.server_url,
             "sampling": settings.sampling(),
             "finished_at": time.time(),
@@ -401,15 +410,12 @@ def run_stage(ctx: StageContext, progress: Progress) -> None:
             "check the server, then `inv rerun --failed` continues where this stopped"
         )
     finish(ctx.output, ctx, upstream, settings, run)
-    progress.note(f"answered {progress.records} of {total} prompts")
+    progress.note(f"answered {progress.records} of {total} prompts, {run.tally.answered} of their "
+                  f"{run.tally.rows_turns} turns")
 
 
 def main() -> None:
     stages.main("infer", run_stage, (InferError,))
-
-
-def _conversation(result: Result) -> dict[str, Any]:
-    return {"id": result.record["id"], "conversations": [*result.record["conversations"], result.answer.turn()]}
 
 
 def _prompt(line: str) -> dict[str, Any] | None:
@@ -423,7 +429,8 @@ def _prompt(line: str) -> dict[str, Any] | None:
     turns = record.get("conversations")
     if not isinstance(turns, list) or not turns or not all(isinstance(t, dict) and "role" in t for t in turns):
         return None
-    return {"id": str(record["id"]), "conversations": turns}
+    tools = record.get("tools")
+    return {"id": str(record["id"]), "conversations": turns, **({"tools": tools} if isinstance(tools, list) and tools else {})}
 
 
 def asked_with(settings: InferSettings) -> str:
