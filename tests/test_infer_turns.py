@@ -209,3 +209,23 @@ def test_calls_match_by_name_and_arguments_as_json_in_any_order() -> None:
     asked.clear()
     other = regenerate(record, ask([call("a", '{"x": 2, "y": [1, 2]}', "m1"), call("b", "{}", "m2")]))
     assert other.ended == "tool call diverged" and len(asked) == 1
+
+
+def test_with_return_token_ids_each_answer_keeps_the_ids_the_server_generated(tmp_path: Path) -> None:
+    def with_ids(body: dict[str, Any], attempt: int) -> tuple[int, Any]:
+        status, payload = echo_target(body)
+        n = sum(m["role"] == "assistant" for m in body["messages"]) + 1
+        payload["choices"][0]["response_token_ids"] = [n, n, n]
+        return status, payload
+
+    with ScriptedServer(with_ids) as server:
+        [record] = answered(tmp_path / "data" / "U", server, [five_turns()], return_token_ids=True).values()
+    assert all(body["return_token_ids"] is True for body in server.bodies)
+    assert all("output_ids" not in m for body in server.bodies for m in body["messages"]), "ids are not sent back"
+    assert [t["output_ids"] for t in record["conversations"] if t["role"] == "assistant"] == [[k] * 3 for k in range(1, 6)]
+
+
+def test_return_token_ids_is_not_sent_unless_set(tmp_path: Path) -> None:
+    with ScriptedServer(echo_target) as server:
+        answered(tmp_path / "data" / "U", server, [five_turns()])
+    assert not any("return_token_ids" in body for body in server.bodies)

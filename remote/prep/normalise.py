@@ -186,6 +186,8 @@ def _turn(raw: Any, position: int, dropped: Counter) -> dict[str, Any] | None:
         calls = _call_list(calls) + content.calls
         if calls:
             turn["tool_calls"] = tool_calls(calls, position)
+        if isinstance(raw.get("output_ids"), list):  # the ids infer's server generated (`remote.prep.server_ids`)
+            turn["output_ids"] = raw["output_ids"]
     if role == "tool":
         for key in ("tool_call_id", "name"):
             if raw.get(key) is not None:
