@@ -235,7 +235,7 @@ def test_a_multi_turn_prompt_row_keeps_every_user_turn_and_none_of_the_original_
 
 
 def test_an_agent_prompt_row_keeps_its_tools_its_original_calls_and_their_results_for_infer_to_match():
-    from remote.prep.normalise import ask_points
+    from remote.prep.prompt_turns import ask_points
     from tests.regeneration_rows import WEATHER, agent
 
     record = normalise(agent("a", "Lima"), 0, kind="prompts")

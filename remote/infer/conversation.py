@@ -1,6 +1,6 @@
 """One prompts record regenerated the way Kimi-K2.5 is used: every turn in order, with its tools.
 
-A prompts record (prep's `remote.prep.normalise._prompt_turns`) holds the system prompt, the user
+A prompts record (`remote.prep.prompt_turns`) holds the system prompt, the user
 turns and, for an agent row, each original call with the tool results that answered it. The
 target is asked wherever it spoke in the row (`ask_points`): after each user turn, after each block
 of tool results; each request carries the target's own earlier answers, never the dataset's. The
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from remote.infer.client import Answer, RequestFailed, Result
-from remote.prep.normalise import ask_points
+from remote.prep.prompt_turns import ask_points
 
 #: Why a conversation ended before the row did (the keys of the manifest's and status's counts).
 BEYOND_FIRST = "beyond turns: first"

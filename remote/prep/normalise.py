@@ -18,6 +18,7 @@ from typing import Any
 
 from remote.prep.content import Content, placeholder_media, read_content, row_media
 from remote.prep.errors import Skip
+from remote.prep.prompt_turns import prompt_turns
 from remote.prep.roles import canonical_role, is_call_role
 from remote.prep.tools import normalise_tools, tool_calls
 
@@ -35,8 +36,6 @@ USED_FIELDS = {"assistant": TURN_FIELDS | {*REASONING_FIELDS, "tool_calls", "fun
                "tool": TURN_FIELDS | {"tool_call_id", "name"}}
 SWE_AGENT_FIELDS = frozenset({"role", "text", "system_prompt"})
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-#: Families whose agent writes its actions in the text, not as tool calls.
-INLINE_ACTIONS = ("agent_trajectory", "swe_agent")
 
 
 @dataclass
@@ -79,13 +78,7 @@ def normalise(row: Any, index: int, kind: str = "native", dataset: str = "") -> 
             _split_inline_reasoning(turn)
     record = Record(_row_id(row, index, dataset), turns, normalise_tools(row.get("tools")), fmt, dropped)
     if kind == "prompts":
-        record.conversations = _prompt_turns(turns)
-        if fmt.startswith(INLINE_ACTIONS):
-            # NOTE: their actions are written in the text, so no answer of the target can be matched to one:
-            # the observations after the first would answer actions the target never took.
-            first = ask_points(record.conversations)[0]
-            record.left_out = len(ask_points(record.conversations)) - 1
-            record.conversations = record.conversations[: first + 1]
+        record.conversations, record.left_out = prompt_turns(turns, fmt)
     else:
         record.conversations = _native_turns(turns)
     return record
@@ -304,39 +297,6 @@ def _native_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     # NOTE: turns after the last assistant turn (an agent's final observation)
     # carry no loss, so they are cut rather than tokenised for nothing.
     return turns[: last + 1]
-
-
-def _prompt_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What infer regenerates: the system prompt, every user turn with text, and for an agent row each
-    original call (an assistant turn of its `tool_calls` alone, to match the target's own against) and
-    the tool results that answered it. The dataset's answers are left out: the target writes its own
-    (`remote.infer.conversation`)."""
-    first = next((i for i, t in enumerate(turns) if t["role"] == "user" and t["content"].strip()), None)
-    if first is None:
-        raise Skip("no user turn with text")
-    system = next((t for t in turns[:first] if t["role"] == "system"), None)
-    out = [{"role": "system", "content": system["content"]}] if system else []
-    for turn in turns[first:]:
-        if turn["role"] == "user" and turn["content"].strip():
-            out.append({"role": "user", "content": turn["content"]})
-        elif turn["role"] == "assistant" and turn.get("tool_calls"):
-            out.append({"role": "assistant", "content": "", "tool_calls": turn["tool_calls"]})
-        elif turn["role"] == "tool" and out[-1]["role"] in ("assistant", "tool"):
-            out.append({k: v for k, v in turn.items() if k in ("role", "content", "tool_call_id", "name")})
-    while out[-1]["role"] == "assistant":  # a call never answered: nothing to regenerate after it
-        out.pop()
-    return out
-
-
-def ask_points(turns: list[dict[str, Any]]) -> list[int]:
-    """Where the target speaks in a prompts record: after each user turn and after each block of tool
-    results, as indices of the turn it answers."""
-    points = []
-    for i, turn in enumerate(turns):
-        after = turns[i + 1]["role"] if i + 1 < len(turns) else None
-        if turn["role"] == "user" or (turn["role"] == "tool" and after != "tool"):
-            points.append(i)
-    return points
 
 
 def says_something(turn: dict[str, Any]) -> bool:

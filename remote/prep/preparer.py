@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 from remote.prep.load import Malformed
-from remote.prep.normalise import Record, Skip, ask_points, normalise
+from remote.prep.normalise import Record, Skip, normalise
+from remote.prep.prompt_turns import ask_points
 from remote.prep.prep_settings import PrepSettings, Target
 from remote.prep.sequences import Sequence, sequences
 from remote.prep.template import ChatTemplate, tool_declaration
@@ -54,7 +55,7 @@ class Summary:
     dropped_fields: Counter = field(default_factory=Counter)
     #: Rows with tools, by how the template declared them (`remote.prep.template.tool_declaration`).
     tool_declarations: Counter = field(default_factory=Counter)
-    #: Prompts: the target's turns infer will ask for (`remote.prep.normalise.ask_points`), and those of
+    #: Prompts: the target's turns infer will ask for (`remote.prep.prompt_turns.ask_points`), and those of
     #: agent rows that write their actions in the text, left out.
     turns_to_ask: int = 0
     turns_left_out: int = 0
