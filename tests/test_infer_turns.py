@@ -63,18 +63,21 @@ def test_each_user_turn_of_a_five_turn_row_is_answered_in_order_after_the_target
     assert "ORIGINAL" not in json.dumps(record)
 
 
-def test_turns_first_asks_the_system_prompt_and_first_user_turn_alone_and_counts_the_rest(tmp_path: Path) -> None:
+def test_turns_first_asks_the_system_prompt_and_first_user_turn_alone_as_before_and_counts_the_rest(
+        tmp_path: Path) -> None:
     data = tmp_path / "data" / "U"
     with ScriptedServer(echo_target) as server:
-        [record] = answered(data, server, [five_turns()], turns="first").values()
+        records = answered(data, server, [five_turns(), agent("matching", "Lima")], turns="first")
 
-    assert [b["messages"] for b in server.bodies] == [[{"role": "system", "content": "You are terse."},
-                                                       {"role": "user", "content": "question 1"}]]
-    assert "tools" not in server.bodies[0]
-    assert record["conversations"] == [
+    assert sorted((b["messages"] for b in server.bodies), key=len) == [
+        [{"role": "user", "content": 'call get_weather {"city": "Lima"}'}],
+        [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "question 1"}]]
+    assert not any("tools" in body for body in server.bodies), "as infer asked before it sent tools"
+    assert records["chat5"]["conversations"] == [
         {"role": "system", "content": "You are terse."}, {"role": "user", "content": "question 1"},
         {"role": "assistant", "content": "answer 1 to question 1", "reasoning_content": "thinking 1"}]
-    assert manifest(data)["turns"]["not_regenerated"] == {"beyond turns: first": 4}
+    assert "tools" not in records["matching"]
+    assert manifest(data)["turns"]["not_regenerated"] == {"beyond turns: first": 4 + 2}
 
 
 def test_a_matching_call_gets_the_original_tool_result_and_the_conversation_goes_on(tmp_path: Path) -> None:

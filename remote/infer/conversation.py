@@ -50,6 +50,8 @@ class Regenerated:
     retries: int = 0
     seconds: float = 0.0
     completion_tokens: int = 0
+    #: The tools sent with each request (None with ``turns: first``, as infer asked before tools were sent).
+    tools: list[dict[str, Any]] | None = None
 
     @property
     def answered(self) -> int:
@@ -63,8 +65,8 @@ class Regenerated:
     def to_json(self) -> dict[str, Any]:
         """The finished record: the conversation, the row's tools, and what infer did with the row."""
         out: dict[str, Any] = {"id": self.record["id"], "conversations": self.turns}
-        if self.record.get("tools"):
-            out["tools"] = self.record["tools"]
+        if self.tools:
+            out["tools"] = self.tools
         out["regenerated"] = {"turns": self.points, "finish_reasons": self.finish_reasons, "ended": self.ended,
                               "dropped": self.dropped}
         return out
@@ -74,10 +76,11 @@ Ask = Callable[[dict[str, Any]], Result]
 
 
 def regenerate(record: dict[str, Any], ask: Ask, turns: str = "all", truncated: str = "keep") -> Regenerated:
-    """Ask for every turn of `record` in order (only the first with ``turns: first``); never raises."""
+    """Ask for every turn of `record` in order; never raises. ``turns: first`` asks the first turn alone and
+    without the row's tools: exactly the request infer made before it regenerated whole conversations."""
     prompt = record["conversations"]
     points = set(ask_points(prompt))
-    out = Regenerated(record, points=len(points))
+    out = Regenerated(record, points=len(points), tools=record.get("tools") if turns == "all" else None)
     talk = Talk()
     for i, turn in enumerate(prompt):
         if turn["role"] == "assistant":
@@ -85,7 +88,7 @@ def regenerate(record: dict[str, Any], ask: Ask, turns: str = "all", truncated: 
         talk.add(turn)
         if i not in points:
             continue
-        result = ask({"id": record["id"], "conversations": list(talk.history), "tools": record.get("tools")})
+        result = ask({"id": record["id"], "conversations": list(talk.history), "tools": out.tools})
         _add_costs(out, result)
         answer = result.answer
         if answer is None or not answer.says_something():
@@ -98,6 +101,8 @@ def regenerate(record: dict[str, Any], ask: Ask, turns: str = "all", truncated: 
             return talk.end(out, TRUNCATED)
         talk.answer(answer)
         out.finish_reasons.append(answer.finish_reason)
+        if turns == "first":
+            return talk.end(out, BEYOND_FIRST)
         original = prompt[i + 1] if i + 1 < len(prompt) and prompt[i + 1]["role"] == "assistant" else None
         if answer.tool_calls or original is not None:
             if not (original is not None and answer.tool_calls and _same_calls(answer.tool_calls, original["tool_calls"])):
@@ -105,8 +110,6 @@ def regenerate(record: dict[str, Any], ask: Ask, turns: str = "all", truncated: 
             talk.renamed = _ids(original["tool_calls"], answer.tool_calls)
         if answer.finish_reason == "length":
             return talk.end(out, TRUNCATED)
-        if turns == "first":
-            return talk.end(out, BEYOND_FIRST)
     return talk.end(out, None)
 
 
