@@ -41,13 +41,14 @@ import shutil
 import time
 import urllib.error
 from collections import deque
+from queue import SimpleQueue
 import urllib.request
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Iterator
 
 from remote.infer.autotune import Autotuner, Fixed
-from remote.infer.client import ChatClient
+from remote.infer.client import ChatClient, Result
 from remote.infer.conversation import Regenerated, regenerate
 from remote.infer.infer_files import (  # noqa: F401 (PROMPTS, STATE: the stage's files, named here too)
     MANIFEST, OUTPUT, PART, PROMPTS, SKIPPED, STATE, InferError, Upstream, count_lines, open_journal, read_prompts,
@@ -63,6 +64,8 @@ from remote.stages import StageContext
 
 #: Seconds of answers behind the `tokens_per_s` metric.
 RATE_WINDOW = 60.0
+#: Seconds between two readings of the answers for the tuner, while conversations go on.
+OBSERVE_EVERY = 1.0
 #: Distinct refusal reasons (a 4xx with its server's words) counted apart; the rest count under one.
 REASONS_KEPT = 20
 
@@ -90,6 +93,8 @@ class InferRun:
         self.tuner: Autotuner | Fixed = (
             Autotuner(settings.max_concurrency) if settings.is_auto else Fixed(settings.concurrency))
         self.recent: deque[tuple[float, int]] = deque()  # (when, completion tokens) of recent answers
+        self.in_flight = 0  # conversations in flight (each one request at a time)
+        self.replies: SimpleQueue[tuple[int, Result]] = SimpleQueue()  # each request answered, for the tuner
         self.started = time.monotonic()
         self.total = 0
 
@@ -139,24 +144,41 @@ class InferRun:
         """Answer every prompt not yet done; return how many prompts there are in all."""
         self.total = 0
         todo = self.todo(prompts)
-        pending: dict[Future[Regenerated], int] = {}  # each request, and the concurrency it was sent at
+        pending: set[Future[Regenerated]] = set()  # each conversation in flight: one request at a time
         workers = self.settings.max_concurrency if self.settings.is_auto else self.settings.concurrency
         with ThreadPoolExecutor(workers, thread_name_prefix="infer") as pool:
             # NOTE: threads start only as requests need them, so `auto` at 12 holds 12, not 256.
             def fill() -> None:
                 while len(pending) < self.tuner.concurrency and (record := next(todo, None)) is not None:
-                    pending[pool.submit(self.regenerate, record)] = self.tuner.concurrency
+                    pending.add(pool.submit(self.regenerate, record))
+                self.in_flight = len(pending)
 
             fill()
             while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                levels = {future: pending.pop(future) for future in finished}
+                # NOTE: a conversation of many turns outlasts many answers: the tuner hears of each answer
+                # within a second, not when its conversation ends.
+                finished, _ = wait(pending, timeout=OBSERVE_EVERY, return_when=FIRST_COMPLETED)
+                pending -= finished
+                self.in_flight = len(pending)
+                self.observe_answers()
                 fill()  # first: the server is not left short of requests while the batch is journaled
-                self.collect(levels)
+                self.collect(finished)
+        self.observe_answers()
         return self.total
 
     def regenerate(self, record: dict[str, Any]) -> Regenerated:
-        return regenerate(record, self.client.answer, self.settings.turns, self.settings.truncated)
+        return regenerate(record, self.ask, self.settings.turns, self.settings.truncated)
+
+    def ask(self, request: dict[str, Any]) -> Result:
+        """One request of a conversation, noted with the concurrency it was sent at for the tuner.
+
+        NOTE: after the tuner lowers the level, the conversations already started go on at the old load
+        until they end; requests sent meanwhile ran under another load than the level's and are not
+        counted for it (level 0 matches no window)."""
+        level = self.tuner.concurrency if self.in_flight <= self.tuner.concurrency else 0
+        result = self.client.answer(request)
+        self.replies.put((level, result))
+        return result
 
     def todo(self, prompts: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         """The prompts still to ask for, counting every prompt into `total` on the way."""
@@ -166,13 +188,12 @@ class InferRun:
                 continue  # a gone server: still count the prompts, so the message says how many are left
             yield record
 
-    def collect(self, levels: dict[Future[Regenerated], int]) -> None:
-        """Record the finished requests as one durable batch, and tell the tuner how they went."""
+    def collect(self, finished: set[Future[Regenerated]]) -> None:
+        """Record the finished conversations as one durable batch."""
         answered, refused = [], []
-        for future, level in levels.items():
+        for future in finished:
             result = future.result()
             self.totals["retries"] += result.retries
-            self.observe(result, level)
             if result.turns:
                 answered.append(result)
             elif result.failure is None or not result.failure.retryable:
@@ -183,16 +204,19 @@ class InferRun:
         self.refused.append(refused)
         self.count(answered, refused)
 
-    def observe(self, result: Regenerated, level: int) -> None:
-        """Retries and final failures are the server's overload; a 4xx refusal is the prompt's own."""
-        if result.completion_tokens or result.turns:
-            self.tuner.observe(level, result.completion_tokens, result.seconds, error=result.retries > 0)
-            now = time.monotonic()
-            self.recent.append((now, result.completion_tokens))
-            while self.recent and self.recent[0][0] < now - RATE_WINDOW:
-                self.recent.popleft()
-        elif result.failure is not None and result.failure.retryable:
-            self.tuner.observe(level, 0, 0.0, error=True)
+    def observe_answers(self) -> None:
+        """Tell the tuner how the requests answered since went. Retries and final failures are the server's
+        overload; a 4xx refusal is the prompt's own."""
+        while not self.replies.empty():
+            level, result = self.replies.get()
+            if result.answer is not None:
+                self.tuner.observe(level, result.answer.completion_tokens, result.seconds, error=result.retries > 0)
+                now = time.monotonic()
+                self.recent.append((now, result.answer.completion_tokens))
+                while self.recent and self.recent[0][0] < now - RATE_WINDOW:
+                    self.recent.popleft()
+            elif result.failure is not None and result.failure.retryable:
+                self.tuner.observe(level, 0, 0.0, error=True)
 
     def tokens_per_s(self) -> float:
         """Output tokens/s over the last `RATE_WINDOW` seconds (from this run's start, at first)."""
