@@ -86,6 +86,25 @@ def test_inv_run_answers_every_turn_keeps_the_calls_and_counts_what_it_did_not_r
     assert tokenized["tool_declarations"] == {"typescript": 2}
 
 
+def test_inv_run_with_truncated_drop_leaves_the_cut_answer_out_and_says_so(bench: Bench, tmp_path: Path) -> None:
+    rows = write_rows(tmp_path / "chats.jsonl")
+    with ScriptedServer(echo_target) as server:
+        inventory(bench, rows, server, truncated="drop")
+        bench.inv("deploy")
+        bench.inv("run")
+        assert bench.wait_state("B/tokenize", ENDED, timeout=300)["state"] == "succeeded"
+        status = bench.inv("status").stdout
+
+    data = bench.root / "data" / "B"
+    found = records(data / "infer" / "conversations.jsonl")
+    assert [t["content"] for t in found["long"]["conversations"] if t["role"] == "assistant"] == ["answer 1 to first"]
+    turns = json.loads((data / "infer" / "manifest.json").read_text())["turns"]
+    assert (turns["answered"], turns["truncated"], turns["truncated_dropped"]) == (10, 1, 1)
+    line = next(line for line in status.splitlines() if " infer " in line or "│ infer" in line)
+    assert "truncated=1" in line and "truncated_dropped=1" in line, status
+    assert json.loads((data / "tokenize" / "manifest.json").read_text())["assistant_turns"] == 10
+
+
 def test_a_kill_mid_run_and_rerun_failed_give_the_records_of_an_uninterrupted_run(bench: Bench, tmp_path: Path) -> None:
     rows = write_rows(tmp_path / "chats.jsonl")
     held, release = threading.Event(), threading.Event()
