@@ -11,6 +11,8 @@ The second part, `autotune`, drives a stand-in server whose throughput
 saturates at a known concurrency and falls past it (`benchmarks/harness/saturating_server.py`)
 with the stage at pinned concurrencies 4, the knee and 64, and at ``auto``;
 each figure is the output tokens/s the server gave, as a ratio to its best.
+The third, `multi_turn`, drives the same stand-in at ``auto`` with rows of five user turns
+(each asked after the target's own earlier answers) against as many one-turn rows.
 
 Usage: ``python -m benchmarks.bench_infer`` (prints JSON), or ``run()`` from `inv bench`.
 """
@@ -118,9 +120,36 @@ def autotune(records: int = 800, knee: int = 16, per_request: float = 200.0, tok
     }
 
 
+def multi_turn(rows: int = 160, turns: int = 5, knee: int = 16, per_request: float = 200.0,
+               tokens: int = 100) -> dict[str, Any]:
+    """Output tokens/s of the stage at `auto` over rows of `turns` user turns each (every turn asked after
+    the target's own answers, one request at a time per row) against rows of one turn, as many requests
+    in all, on the saturating stand-in: what regenerating whole conversations costs the server's rate."""
+    single = make_prompts(rows * turns)
+    chats = [{"id": f"c{i:04d}", "conversations": [{"role": "system", "content": "You are terse."}] + [
+        {"role": "user", "content": f"question {k} of chat {i}"} for k in range(turns)]} for i in range(rows)]
+    figures = {}
+    with tempfile.TemporaryDirectory() as tmp, SaturatingServer(knee, per_request, tokens) as server:
+        for name, prompts in (("one turn per row", single), (f"{turns} turns per row", chats)):
+            data = Path(tempfile.mkdtemp(dir=tmp)) / "data" / "bench"
+            write_prep(data, prompts)
+            settings = {"server_url": server.url, "model": "stand-in", "concurrency": "auto", "max_concurrency": 256}
+            started = time.monotonic()
+            infer.run_stage(StageContext.from_env(stage_env(data, settings)), Progress())
+            ended = time.monotonic()
+            quarter = (ended - started) / 4
+            figures[name] = {"tokens_per_s": round(server.tokens_per_s(started, ended), 1),
+                             "middle_half_tokens_per_s": round(server.tokens_per_s(started + quarter, ended - quarter), 1)}
+        best = server.best
+    one, many = figures["one turn per row"], figures[f"{turns} turns per row"]
+    return {"requests": rows * turns, "best": best, "runs": figures,
+            "ratio": round(many["tokens_per_s"] / one["tokens_per_s"], 3),
+            "middle_half_ratio": round(many["middle_half_tokens_per_s"] / one["middle_half_tokens_per_s"], 3)}
+
+
 def run(records: int = 32, concurrency: int = 4, max_tokens: int = 16, rounds: int = 3) -> dict[str, Any]:
     """The client against plain clients on a real server, then `auto` against pinned levels on a stand-in."""
-    return {**clients(records, concurrency, max_tokens, rounds), "autotune": autotune()}
+    return {**clients(records, concurrency, max_tokens, rounds), "autotune": autotune(), "multi_turn": multi_turn()}
 
 
 def clients(records: int = 32, concurrency: int = 4, max_tokens: int = 16, rounds: int = 3) -> dict[str, Any]:

@@ -118,3 +118,36 @@ def completion(content: str, reasoning: str | None = None, finish_reason: str = 
         "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
         "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
     }
+
+
+def echo_target(body: dict[str, Any], attempt: int = 1) -> tuple[int, Any]:
+    """A target that answers deterministically from what it is asked, so a test can tell what it saw.
+
+    The answer to the conversation's n-th request is ``answer n to <last user text>`` with reasoning
+    ``thinking n``, or after tool results ``answer n: the tool said <their text>``. A user text
+    ``call NAME {json}`` (with tools declared) is answered by that call alone; one holding ``[long]`` is
+    cut at max_tokens (``finish_reason: length``)."""
+    messages = body["messages"]
+    n = sum(m["role"] == "assistant" for m in messages) + 1
+    last = messages[-1]
+    if last["role"] == "tool":
+        said = " + ".join(m["content"] for m in reversed(_tail(messages, "tool")))
+        return 200, completion(f"answer {n}: the tool said {said}", reasoning=f"thinking {n}")
+    text = last_user(body)
+    if text.startswith("call ") and body.get("tools"):
+        name, arguments = text[len("call "):].split(" ", 1)
+        call = {"id": f"srv_{n}", "type": "function", "function": {"name": name, "arguments": arguments}}
+        payload = completion("", reasoning=f"thinking {n}", finish_reason="tool_calls")
+        payload["choices"][0]["message"]["tool_calls"] = [call]
+        return 200, payload
+    finish = "length" if "[long]" in text else "stop"
+    return 200, completion(f"answer {n} to {text}", reasoning=f"thinking {n}", finish_reason=finish)
+
+
+def _tail(messages: list[dict[str, Any]], role: str) -> list[dict[str, Any]]:
+    out = []
+    for message in reversed(messages):
+        if message["role"] != role:
+            break
+        out.append(message)
+    return out

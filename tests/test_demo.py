@@ -164,7 +164,7 @@ def test_the_demo_s_first_screen_has_no_error_text_and_every_column_filled(tmp_p
         if entry["kind"] == "native":
             assert re.fullmatch(r"[1-9]\d* \(\d+\)", turns) and re.fullmatch(r"[1-9]\d* \(\d+\)", learned), row
         else:  # a prompts dataset's answers are the target's, written by infer
-            assert turns == learned == "by infer", row
+            assert re.fullmatch(r"[1-9]\d* \(\d+\.\d/row\)", turns) and learned == "by infer", row
 
 
 def test_the_lines_under_the_demo_s_table_give_the_draft_s_accept_length_whole_and_where_it_is() -> None:

@@ -66,6 +66,21 @@ def test_an_uncached_hub_id_offline_is_a_clear_error(monkeypatch):
         iter_rows(Source("aerie-test/not-cached"))
 
 
+def test_a_hub_datasets_revision_is_asked_for_and_named_when_it_cannot_be_loaded(monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    source = Source.from_config("aerie-test/not-cached", {"revision": "0123abc", "split": "test"})
+    assert source.revision == "0123abc"
+    with pytest.raises(PrepError, match=r"cannot load dataset 'aerie-test/not-cached' \(config None, split test, "
+                                        r"revision 0123abc\): "):
+        iter_rows(source)
+
+
+def test_a_revision_that_names_nothing_is_refused_in_one_line():
+    with pytest.raises(PrepError, match=r"^revision must be a commit, tag or branch of the hub dataset \(got ''\)$"):
+        Source.from_config("org/data", {"revision": ""})
+
+
 def test_mixed_formats_in_one_file_are_each_detected_and_every_row_is_accounted_for(tiny_tokenizer):
     settings = prep_settings()
     rows = iter_rows(Source(str(FIXTURES / "mixed.jsonl")))

@@ -224,3 +224,31 @@ def test_a_reasoning_field_wins_over_tags_in_the_content():
     turn = {"role": "assistant", "content": "<think>x</think>y", "reasoning_content": "given"}
     record = normalise({"messages": [{"role": "user", "content": "q"}, turn]}, 0)
     assert record.conversations[1] == turn
+
+
+def test_a_multi_turn_prompt_row_keeps_every_user_turn_and_none_of_the_original_answers():
+    from tests.regeneration_rows import five_turns
+
+    record = normalise(five_turns(), 0, kind="prompts")
+    assert record.conversations == [{"role": "system", "content": "You are terse."}] + [
+        {"role": "user", "content": f"question {k}"} for k in range(1, 6)]
+
+
+def test_an_agent_prompt_row_keeps_its_tools_its_original_calls_and_their_results_for_infer_to_match():
+    from remote.prep.prompt_turns import ask_points
+    from tests.regeneration_rows import WEATHER, agent
+
+    record = normalise(agent("a", "Lima"), 0, kind="prompts")
+    assert record.tools == WEATHER
+    assert [t["role"] for t in record.conversations] == ["user", "assistant", "tool", "user"]
+    assert record.conversations[1] == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "orig_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Lima"}'}}]}
+    assert ask_points(record.conversations) == [0, 2, 3]
+
+
+def test_an_agent_whose_actions_are_written_in_its_text_is_asked_its_first_turn_and_the_rest_counted():
+    row = read_rows("agent_trajectory.jsonl")[1]
+    record = normalise(row, 0, kind="prompts")
+    users = sum(t["role"] == "user" and bool(t["content"].strip()) for t in row["messages"])
+    assert [t["role"] for t in record.conversations] == ["system", "user"]
+    assert record.left_out == users - 1 > 0

@@ -119,3 +119,14 @@ def test_validate_reports_how_tools_were_declared_and_the_turn_fields_prep_dropp
     assert details({**web, "dropped_fields": {"thoughts": 1}, "tool_declarations": {"typescript": 1}}) == (
         "A: tools declared TypeScript-style in 1 row; thoughts dropped in 1 turn")
     assert details({**web, "dropped_fields": {}}) is None
+
+
+def test_validate_of_a_prompts_sample_says_how_many_turns_per_row_infer_will_ask(tiny_tokenizer_dir, tmp_path):
+    from local.views.validation_table import _learned, details
+    from tests.regeneration_rows import write_rows
+
+    sample = write_rows(tmp_path / "chats.jsonl")  # 5 + 3 + 3 + 3 turns
+    [entry] = validate(_request(tiny_tokenizer_dir, B={"kind": "prompts", "sample": str(sample)}))
+    assert (entry["records"], entry["turns_to_ask"], entry["turns_left_out"]) == (4, 14, 0)
+    assert _learned(entry) == ("4", "14 (3.5/row)", "by infer")
+    assert details(entry) == "B: infer will ask 14 turns of 4 rows (3.5 per row)"

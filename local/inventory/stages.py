@@ -56,6 +56,13 @@ class Infer(Stage):
     temperature: float = 0.7
     top_p: float = 1.0
     chat_template_kwargs: dict[str, Any] = setting(factory=dict)
+    turns: Literal["all", "first"] = setting(
+        "all", "all: every user turn of a prompts row answered in order, after the target's own earlier answers; "
+               "first: the system prompt and the first user turn only")
+    truncated: Literal["keep", "drop"] = setting(
+        "keep", "an answer cut at max_tokens: keep it (its conversation ends there) or drop it; counted either way")
+    return_token_ids: bool = setting(
+        False, "ask the server for each answer's token ids (SGLang: return_token_ids), kept for tokenize")
     backoff: float = setting(1.0, "first retry delay in seconds; doubles, with jitter", ge=0)
     server_command: str | None = setting(None, "starts the inference server; None: managed outside aerie")
     server_start_timeout: float = setting(1800.0, gt=0)

@@ -58,6 +58,7 @@ class Dataset(Strict):
     kind: Literal["native", "prompts"]
     config: str | None = None
     split: str = "train"
+    revision: str | None = setting(None, "a hub dataset's commit, tag or branch (pinned data is reproducible data)")
     limit: int | None = setting(None, ge=1)
     streaming: bool = False
     sample: str | None = setting(None, "a small local sample for `inv validate`, relative to inventories/")

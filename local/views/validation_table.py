@@ -39,7 +39,8 @@ def _learned(entry: dict[str, Any]) -> tuple[str, str, str]:
     if not entry.get("records"):
         return "-", "-", "-"
     if entry.get("kind") == "prompts":  # no answers yet: the target writes them (infer), tokenize counts them
-        return str(entry["records"]), "by infer", "by infer"
+        asked = entry.get("turns_to_ask") or 0
+        return str(entry["records"]), f"{asked} ({asked / entry['records']:.1f}/row)", "by infer"
     turns = f"{entry.get('assistant_turns', 0)} ({entry.get('turns_expanded', 0)})"
     learned = f"{entry.get('learned_tokens', 0)} ({entry.get('reasoning_tokens', 0)})" if entry.get("learned_tokens") else "-"
     return str(entry["records"]), turns, learned
@@ -70,6 +71,12 @@ def details(entry: dict[str, Any]) -> str | None:
     if entry.get("tool_declarations"):
         said.append("tools declared " + ", ".join(
             f"{DECLARED.get(kind, kind)} in {n} row{'s' * (n != 1)}" for kind, n in entry["tool_declarations"].items()))
+    if entry.get("kind") == "prompts" and entry.get("records"):
+        asked = entry.get("turns_to_ask") or 0
+        said.append(f"infer will ask {asked} turns of {entry['records']} rows ({asked / entry['records']:.1f} per row)")
+    if entry.get("turns_left_out"):
+        said.append(f"{entry['turns_left_out']} turns of agents that write their actions in the text not asked "
+                    "(infer asks their first)")
     if entry.get("dropped_fields"):
         said.append(", ".join(f"{name} dropped in {n} turn{'s' * (n != 1)}" for name, n in entry["dropped_fields"].items()))
     return f"{entry['dataset']}: {'; '.join(said)}" if said else None

@@ -35,12 +35,23 @@ class Answer:
     reasoning_content: str | None
     finish_reason: str | None
     completion_tokens: int
+    #: The calls it made, in OpenAI shape (arguments as JSON text).
+    tool_calls: list[dict[str, Any]] | None = None
+    #: The ids it generated, when asked for them and the server returns them (SGLang's `response_token_ids`).
+    output_ids: list[int] | None = None
 
     def turn(self) -> dict[str, Any]:
+        """The turn as the history sent back holds it: the reasoning too, for the chat template to keep or
+        drop (Kimi-K2.5's keeps it within a chain of tool calls, drops it before the last plain answer)."""
         turn: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.reasoning_content:
             turn["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            turn["tool_calls"] = self.tool_calls
         return turn
+
+    def says_something(self) -> bool:
+        return bool(self.content or self.reasoning_content or self.tool_calls)
 
 
 #: The most of a server's error body kept (its message, or its text): enough for "model 'x' not found".
@@ -85,7 +96,7 @@ class ChatClient:
         self._local = threading.local()
         self._rng = rng or random.Random()
 
-    def body(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    def body(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         s = self.settings
         body: dict[str, Any] = {
             "model": s.model,
@@ -98,12 +109,17 @@ class ChatClient:
         # NOTE: sent only when set: strict OpenAI-style servers reject unknown fields.
         if s.chat_template_kwargs:
             body["chat_template_kwargs"] = s.chat_template_kwargs
+        if tools:
+            body["tools"] = tools
+        if s.return_token_ids:
+            body["return_token_ids"] = True
         return body
 
     def answer(self, record: dict[str, Any]) -> Result:
-        """Ask for the record's answer, retrying what may pass; never raises `RequestFailed`."""
+        """Ask for the answer to the record's conversation (with its tools), retrying what may pass;
+        never raises `RequestFailed`."""
         result = Result(record)
-        payload = json.dumps(self.body(record["conversations"])).encode()
+        payload = json.dumps(self.body(record["conversations"], record.get("tools"))).encode()
         for attempt in range(self.settings.retries + 1):
             try:
                 started = time.monotonic()
@@ -197,12 +213,32 @@ def _parse(data: bytes) -> Answer:
     usage = body.get("usage") or {}
     # SGLang and older vLLM say `reasoning_content`; newer vLLM says `reasoning`.
     reasoning = message.get("reasoning_content") or message.get("reasoning")
+    ids = choice.get("response_token_ids")
     return Answer(
         content=message.get("content") or "",
         reasoning_content=reasoning or None,
         finish_reason=choice.get("finish_reason"),
         completion_tokens=int(usage.get("completion_tokens") or 0),
+        tool_calls=_calls(message.get("tool_calls")),
+        output_ids=[int(i) for i in ids] if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None,
     )
+
+
+def _calls(raw: Any) -> list[dict[str, Any]] | None:
+    """The answer's calls in OpenAI shape; a malformed one is a bad response (retryable: sampled again)."""
+    if not raw:
+        return None
+    try:
+        calls = [{"id": str(call.get("id") or f"call_{k}"), "type": "function",
+                  "function": {"name": call["function"]["name"], "arguments": _arguments(call["function"].get("arguments"))}}
+                 for k, call in enumerate(raw)]
+    except (KeyError, TypeError, AttributeError):
+        raise RequestFailed("bad response (a tool call without a function name)", retryable=True) from None
+    return calls
+
+
+def _arguments(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value if value is not None else {}, ensure_ascii=False)
 
 
 def error_detail(data: bytes) -> str:

@@ -42,6 +42,12 @@ class InferSettings:
     top_p: float
     #: Passed through to the server's chat template (Kimi-K2.5: ``{"thinking": false}``).
     chat_template_kwargs: dict[str, Any]
+    #: ``all``: every turn of a prompts row answered in order (`remote.infer.conversation`); ``first``: the first.
+    turns: str
+    #: A turn cut at `max_tokens` (``finish_reason: length``): ``keep`` it (the conversation ends there) or ``drop`` it.
+    truncated: str
+    #: Ask for each answer's token ids (SGLang's ``return_token_ids``), kept in the record for tokenize.
+    return_token_ids: bool
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "InferSettings":
@@ -68,6 +74,11 @@ class InferSettings:
                 raise SettingsError(f"stages.infer.{name}: expected a number >= 0 (got {value!r})")
         if self.timeout == 0:
             raise SettingsError("stages.infer.timeout: expected a number of seconds > 0 (got 0)")
+        for name, allowed in (("turns", ("all", "first")), ("truncated", ("keep", "drop"))):
+            if getattr(self, name) not in allowed:
+                raise SettingsError(f"stages.infer.{name}: expected one of {', '.join(allowed)} (got {getattr(self, name)!r})")
+        if not isinstance(self.return_token_ids, bool):
+            raise SettingsError(f"stages.infer.return_token_ids: expected true or false (got {self.return_token_ids!r})")
         if not isinstance(self.chat_template_kwargs, dict):
             raise SettingsError(
                 f"stages.infer.chat_template_kwargs: expected a mapping such as {{thinking: false}} "
@@ -80,5 +91,6 @@ class InferSettings:
 
     def sampling(self) -> dict[str, Any]:
         """The settings that shape the answers: a journal made with others must not be continued."""
-        keep = ("model", "max_tokens", "temperature", "top_p", "chat_template_kwargs")
+        keep = ("model", "max_tokens", "temperature", "top_p", "chat_template_kwargs", "turns", "truncated",
+                "return_token_ids")
         return {k: v for k, v in asdict(self).items() if k in keep}

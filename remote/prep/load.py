@@ -41,6 +41,8 @@ class Source:
     split: str = "train"
     limit: int | None = None
     streaming: bool = False
+    #: A hub dataset's commit, tag or branch: pinned data is reproducible data.
+    revision: str | None = None
 
     @classmethod
     def from_config(cls, source: str, config: dict[str, Any]) -> "Source":
@@ -49,7 +51,11 @@ class Source:
         limit = config.get("limit")
         if limit is not None and (not isinstance(limit, int) or limit < 1):
             raise PrepError(f"limit must be a positive integer (got {limit!r})")
-        return cls(source, config.get("config"), config.get("split") or "train", limit, bool(config.get("streaming")))
+        revision = config.get("revision")
+        if revision is not None and (not isinstance(revision, str) or not revision.strip()):
+            raise PrepError(f"revision must be a commit, tag or branch of the hub dataset (got {revision!r})")
+        return cls(source, config.get("config"), config.get("split") or "train", limit, bool(config.get("streaming")),
+                   revision)
 
 
 def iter_rows(source: Source, base: Path | None = None) -> Iterator[Any]:
@@ -216,11 +222,13 @@ def _hub_rows(source: Source) -> Iterator[Any]:
     import datasets
 
     try:
-        dataset = datasets.load_dataset(source.source, source.config, split=source.split, streaming=source.streaming)
+        dataset = datasets.load_dataset(source.source, source.config, split=source.split, streaming=source.streaming,
+                                        revision=source.revision)
     except Exception as exc:  # datasets raises many types; all mean "cannot open"
         first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise PrepError(
-            f"cannot load dataset {source.source!r} (config {source.config}, split {source.split}): {first_line}"
+            f"cannot load dataset {source.source!r} (config {source.config}, split {source.split}"
+            f"{f', revision {source.revision}' if source.revision else ''}): {first_line}"
             " (with HF_DATASETS_OFFLINE=1 it must already be in the host's cache)"
         ) from None
     return iter(dataset)

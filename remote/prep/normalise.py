@@ -18,6 +18,7 @@ from typing import Any
 
 from remote.prep.content import Content, placeholder_media, read_content, row_media
 from remote.prep.errors import Skip
+from remote.prep.prompt_turns import prompt_turns
 from remote.prep.roles import canonical_role, is_call_role
 from remote.prep.tools import normalise_tools, tool_calls
 
@@ -31,7 +32,7 @@ REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 CONTENT_FIELDS = ("content", "value", "text")
 #: The fields of a turn prep reads, by role; any other that holds something is counted as dropped.
 TURN_FIELDS = frozenset({"role", "from", *CONTENT_FIELDS})
-USED_FIELDS = {"assistant": TURN_FIELDS | {*REASONING_FIELDS, "tool_calls", "function_call"},
+USED_FIELDS = {"assistant": TURN_FIELDS | {*REASONING_FIELDS, "tool_calls", "function_call", "output_ids"},
                "tool": TURN_FIELDS | {"tool_call_id", "name"}}
 SWE_AGENT_FIELDS = frozenset({"role", "text", "system_prompt"})
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -49,6 +50,8 @@ class Record:
     format: str = field(default="", compare=False)
     #: Fields of its turns that prep does not use (``thoughts``, ``actions``), by name: turns that held one.
     dropped: Counter = field(default_factory=Counter, compare=False)
+    #: Prompts only: turns of the row not asked for (an agent's actions written in its text).
+    left_out: int = field(default=0, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "conversations": self.conversations}
@@ -75,8 +78,7 @@ def normalise(row: Any, index: int, kind: str = "native", dataset: str = "") -> 
             _split_inline_reasoning(turn)
     record = Record(_row_id(row, index, dataset), turns, normalise_tools(row.get("tools")), fmt, dropped)
     if kind == "prompts":
-        record.conversations = _prompt_turns(turns)
-        record.tools = None
+        record.conversations, record.left_out = prompt_turns(turns, fmt)
     else:
         record.conversations = _native_turns(turns)
     return record
@@ -177,6 +179,8 @@ def _turn(raw: Any, position: int, dropped: Counter) -> dict[str, Any] | None:
         calls = _call_list(calls) + content.calls
         if calls:
             turn["tool_calls"] = tool_calls(calls, position)
+        if isinstance(raw.get("output_ids"), list):  # the ids infer's server generated (`remote.prep.server_ids`)
+            turn["output_ids"] = raw["output_ids"]
     if role == "tool":
         for key in ("tool_call_id", "name"):
             if raw.get(key) is not None:
@@ -293,16 +297,6 @@ def _native_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     # NOTE: turns after the last assistant turn (an agent's final observation)
     # carry no loss, so they are cut rather than tokenised for nothing.
     return turns[: last + 1]
-
-
-def _prompt_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """System prompt (if any) and the first user turn with text: what to send to the target."""
-    for i, turn in enumerate(turns):
-        if turn["role"] == "user" and turn["content"].strip():
-            system = next((t for t in turns[:i] if t["role"] == "system"), None)
-            user = {"role": "user", "content": turn["content"]}
-            return ([{"role": "system", "content": system["content"]}] if system else []) + [user]
-    raise Skip("no user turn with text")
 
 
 def says_something(turn: dict[str, Any]) -> bool:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Iterator
 from remote.prep.errors import TEACH_A_FAMILY
 from remote.prep.load import Malformed
 from remote.prep.normalise import Record, Skip, normalise
+from remote.prep.prompt_turns import ask_points
 from remote.prep.prep_settings import PrepSettings, Target
 from remote.prep.sequences import Sequence, sequences
 from remote.prep.template import ChatTemplate, tool_declaration
@@ -55,6 +56,10 @@ class Summary:
     dropped_fields: Counter = field(default_factory=Counter)
     #: Rows with tools, by how the template declared them (`remote.prep.template.tool_declaration`).
     tool_declarations: Counter = field(default_factory=Counter)
+    #: Prompts: the target's turns infer will ask for (`remote.prep.prompt_turns.ask_points`), and those of
+    #: agent rows that write their actions in the text, left out.
+    turns_to_ask: int = 0
+    turns_left_out: int = 0
 
     @property
     def skipped(self) -> int:
@@ -77,7 +82,7 @@ class Summary:
             self.min_tokens = min(self.min_tokens, other.min_tokens) if self.tokens else other.min_tokens
         self.max_tokens = max(self.max_tokens, other.max_tokens)
         for name in ("rows", "kept", "records", "assistant_turns", "turns_expanded", "tokens", "loss_tokens",
-                     "reasoning_tokens", "truncated"):
+                     "reasoning_tokens", "truncated", "turns_to_ask", "turns_left_out"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.skip_reasons.update(other.skip_reasons)
         self.formats.update(other.formats)
@@ -106,6 +111,8 @@ class Summary:
             "mean_tokens": self.mean_tokens,
             "dropped_fields": dict(self.dropped_fields.most_common()),
             "tool_declarations": dict(self.tool_declarations.most_common()),
+            "turns_to_ask": self.turns_to_ask,
+            "turns_left_out": self.turns_left_out,
         }
 
     def token_stats(self) -> dict[str, Any]:
@@ -174,6 +181,8 @@ class Preparer:
                     found, text = [], None
                 else:
                     found, text = [], self._prompt_text(record)
+                    started.summary.turns_to_ask += len(ask_points(record.conversations))
+                    started.summary.turns_left_out += record.left_out
             except Skip as skip:
                 started.summary.skip_reasons[skip.reason] += 1
                 continue
@@ -225,11 +234,12 @@ class Preparer:
         return Prepared(kept, kept_tokens, summary)
 
     def _prompt_text(self, record: Record) -> str | None:
-        """A prompt as the target will see it, for the token stats; None leaves it out of them."""
+        """A prompt's first request as the target will see it, for the token stats; None leaves it out of them."""
         if self.template is None:
             return None
+        first = ask_points(record.conversations)[0]
         try:
-            return self.template.render(record.conversations, generation_prompt=True)
+            return self.template.render(record.conversations[: first + 1], record.tools, generation_prompt=True)
         except Skip:
             return None  # stats only: never lose a prompt over them
 

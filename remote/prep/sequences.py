@@ -38,6 +38,8 @@ class Sequence:
     spans: list[Span] = field(default_factory=list)
     #: Character spans of the reasoning inside `spans`.
     reasoning: list[Span] = field(default_factory=list)
+    #: Per span, the ids the target's server generated for that turn, where infer kept them (else None).
+    generated: list[list[int] | None] = field(default_factory=list)
 
 
 def sequences(template: ChatTemplate, conversation: list[dict[str, Any]], tools: list[dict] | None,
@@ -71,6 +73,7 @@ def sequences(template: ChatTemplate, conversation: list[dict[str, Any]], tools:
         pending = [i for i in pending if i not in starts]
         for i in sorted(starts):
             _learn(sequence, starts[i], turns[i])
+            sequence.generated.append(conversation[i].get("output_ids"))
         out.append(sequence)
     return out[::-1]
 

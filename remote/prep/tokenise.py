@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from remote.prep.normalise import Skip
 from remote.prep.sequences import Sequence
+from remote.prep.server_ids import IdStats, decoder, splice
 
 Span = tuple[int, int]
 #: Records encoded by `encode` between two checks against `__call__` (the first batch is always checked).
@@ -57,11 +58,14 @@ class EncodingStats:
     method: str = ""
     checked: int = 0
     mismatches: int = 0
+    #: The learned turns that came with the ids infer's server generated (`remote.prep.server_ids`).
+    server_ids: IdStats = field(default_factory=IdStats)
 
     def merge(self, other: "EncodingStats") -> None:
         self.method = self.method or other.method
         self.checked += other.checked
         self.mismatches += other.mismatches
+        self.server_ids.merge(other.server_ids)
 
 
 class Encoder:
@@ -88,6 +92,9 @@ class Encoder:
         out = []
         for sequence, record_ids in zip(batch, ids):
             tokens = self._masked(sequence, np.fromiter(record_ids, dtype=np.int32, count=len(record_ids)))
+            if isinstance(tokens, Tokens) and any(g is not None for g in sequence.generated):
+                tokens = Tokens(*splice(tokens.input_ids, tokens.loss_mask, tokens.reasoning_mask, sequence.generated,
+                                        decoder(self.tokenizer), self.stats.server_ids))
             out.append(self._limit(tokens) if isinstance(tokens, Tokens) else tokens)
         return out
 

@@ -4,7 +4,8 @@ Layout of the output directory::
 
     conversations.jsonl        native: the normalised records (SpecForge's layout)
     tokens-00000.parquet ...   native: id (string), input_ids (list<int32>), loss_mask (list<int8>)
-    prompts.jsonl              prompts: {"id", "conversations": [system?, user]}
+    prompts.jsonl              prompts: {"id", "conversations", "tools"?}: the system prompt, every user turn,
+                               an agent row's original calls and tool results (remote.prep.prompt_turns)
     manifest.json              written last: what was read, kept, skipped and why
 
 A finished run's outputs stay in place until the next run commits (a rerun that is

@@ -1,10 +1,12 @@
 """The infer stage: the target model answers each prompt that prep wrote.
 
-Reads ``<data>/prep/prompts.jsonl`` (records ``{"id", "conversations"}``
-ending in the user's turn) and writes ``<data>/infer/conversations.jsonl``,
-the same records with the assistant's turn appended (and its
-``reasoning_content`` when the server returns one): a native dataset, which
-prep then tokenises.
+Reads ``<data>/prep/prompts.jsonl`` (records ``{"id", "conversations", "tools"?}``: the system
+prompt, every user turn, an agent row's original calls and tool results) and writes
+``<data>/infer/conversations.jsonl``: each conversation as the target regenerated it, every turn
+in order after its own earlier answers (`remote.infer.conversation`), with their
+``reasoning_content`` and ``tool_calls``, and per record what was not regenerated and why
+(``regenerated``, counted in the manifest's ``turns`` and in the metrics): a native dataset,
+which prep then tokenises.
 
 Resumable by record id. Answers are appended to ``conversations.jsonl.part``
 and made durable per batch; records the server refuses (a 4xx other than
@@ -39,111 +41,33 @@ import shutil
 import time
 import urllib.error
 from collections import deque
+from queue import SimpleQueue
 import urllib.request
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 from remote.infer.autotune import Autotuner, Fixed
 from remote.infer.client import ChatClient, Result
+from remote.infer.conversation import Regenerated, regenerate
+from remote.infer.infer_files import (  # noqa: F401 (PROMPTS, STATE: the stage's files, named here too)
+    MANIFEST, OUTPUT, PART, PROMPTS, SKIPPED, STATE, InferError, Upstream, count_lines, open_journal, read_prompts,
+    read_upstream,
+)
 from remote.infer.journal import Journal
+from remote.infer.tally import Tally
 from remote.infer.infer_settings import InferSettings, SettingsError
-from remote.control_plane.progress import Progress, read_json, write_json_atomic
+from remote.control_plane.progress import Progress, write_json_atomic
 from remote.control_plane.scratch import temporary_name
 from remote import stages
 from remote.stages import StageContext
 
-PROMPTS = "prompts.jsonl"
-OUTPUT = "conversations.jsonl"
-PART = OUTPUT + ".part"
-SKIPPED = "skipped.jsonl"
-STATE = ".journal.json"
-MANIFEST = "manifest.json"
 #: Seconds of answers behind the `tokens_per_s` metric.
 RATE_WINDOW = 60.0
+#: Seconds between two readings of the answers for the tuner, while conversations go on.
+OBSERVE_EVERY = 1.0
 #: Distinct refusal reasons (a 4xx with its server's words) counted apart; the rest count under one.
 REASONS_KEPT = 20
-
-
-class InferError(Exception):
-    """An expected failure, told to the user in one line."""
-
-
-@dataclass(frozen=True)
-class Upstream:
-    """The prep output this run answers."""
-
-    prompts: Path
-    release: str
-    sha256: str
-
-
-def read_upstream(ctx: StageContext) -> Upstream:
-    """The prep job's prompts, refused unless that job finished (it writes its manifest last)."""
-    prep = ctx.upstream("prep")
-    manifest_path, prompts = prep / MANIFEST, prep / PROMPTS
-    relaunch = f"run `inv launch --stage prep --dataset {ctx.dataset}` first"
-    if not manifest_path.exists():
-        raise InferError(f"no prep manifest at {manifest_path}: prep has not finished for {ctx.dataset}; {relaunch}")
-    manifest = read_json(manifest_path)
-    if not isinstance(manifest, dict) or not manifest.get("release"):
-        raise InferError(f"prep manifest {manifest_path} is unreadable or has no release; {relaunch}")
-    if not prompts.exists():
-        raise InferError(
-            f"no {PROMPTS} in {prep}: prep wrote no prompts for {ctx.dataset} "
-            f"(is it kind: prompts in the inventory?); {relaunch}"
-        )
-    return Upstream(prompts, str(manifest["release"]), _sha256(prompts))
-
-
-def open_journal(output: Path, upstream: Upstream, settings: InferSettings, progress: Progress) -> bool:
-    """Make `output` hold the journal of these prompts and settings: continued, restored or new. True when
-    the finished file of an earlier run holds answers to these prompts with these settings: it stays in
-    place, with its manifest, until this run finishes (a run stopped meanwhile leaves the dataset as it
-    was), and the journal holds only what this run adds."""
-    state = read_json(output / STATE)
-    if state and state.get("prompts_sha256") != upstream.sha256:
-        progress.note("prompts changed since the last run: starting over")
-        state = None
-    if state and state.get("sampling") != settings.sampling() and not _has_answers(output):
-        # NOTE: nothing answered (a server that refused every request, a model misnamed): nothing can mix.
-        progress.note("stages.infer settings changed and no prompt was answered yet: asking every prompt again")
-        state = None
-    if state is None:
-        for name in (PART, SKIPPED):  # a finished file of other prompts is replaced only at the end
-            (output / name).unlink(missing_ok=True)
-    elif state.get("sampling") != settings.sampling():
-        raise InferError(_changed_settings(state.get("sampling") or {}, settings.sampling(), output))
-    finished = _finished_for(output, upstream, settings)
-    if not finished and state is not None and (output / OUTPUT).exists() and not (output / PART).exists():
-        os.replace(output / OUTPUT, output / PART)  # a finish cut short before its manifest: the journal again
-    write_json_atomic(output / STATE, {"prompts_sha256": upstream.sha256, "sampling": settings.sampling()})
-    return finished
-
-
-def _finished_for(output: Path, upstream: Upstream, settings: InferSettings) -> bool:
-    manifest = read_json(output / MANIFEST)
-    return ((output / OUTPUT).exists() and isinstance(manifest, dict)
-            and (manifest.get("upstream") or {}).get("prompts_sha256") == upstream.sha256
-            and manifest.get("sampling") == settings.sampling())
-
-
-def read_prompts(path: Path, progress: Progress) -> Iterator[dict[str, Any]]:
-    """Valid prompt records, each id once; the rest counted as skipped."""
-    seen: set[str] = set()
-    with open(path, encoding="utf-8") as file:
-        for line in file:
-            if not line.strip():
-                continue
-            record = _prompt(line)
-            if record is None:
-                progress.skipped("bad prompt record")
-            elif record["id"] in seen:
-                progress.skipped("duplicate id")
-            else:
-                seen.add(record["id"])
-                yield record
 
 
 class InferRun:
@@ -164,10 +88,13 @@ class InferRun:
         self.refusals: dict[str, int] = {}  # this run's and kept ones, by reason
         self.logged: set[str] = set()  # the reasons whose first refusal the log shows
         self.answered_any = False
-        self.totals = {"retries": 0, "truncated": 0, "completion_tokens": 0}
+        self.totals = {"retries": 0, "completion_tokens": 0}
+        self.tally = Tally()
         self.tuner: Autotuner | Fixed = (
             Autotuner(settings.max_concurrency) if settings.is_auto else Fixed(settings.concurrency))
         self.recent: deque[tuple[float, int]] = deque()  # (when, completion tokens) of recent answers
+        self.in_flight = 0  # conversations in flight (each one request at a time)
+        self.replies: SimpleQueue[tuple[int, Result]] = SimpleQueue()  # each request answered, for the tuner
         self.started = time.monotonic()
         self.total = 0
 
@@ -177,6 +104,7 @@ class InferRun:
         for journal in ([self.finished] if self.finished else []) + [self.answers]:
             for record in journal.read():
                 self.done.add(record["id"])
+                self.tally.add(record)
                 self.progress.written()
         self.answered_any = bool(self.done)
         refused = list(self.refused.read())
@@ -191,11 +119,12 @@ class InferRun:
         self.progress.resumed()
         return len(self.done)
 
-    def refusal(self, result: Result) -> dict[str, Any]:
-        """The journal's line for a prompt the server refused: its reason with the server's words, the
-        first of each reason also in the log."""
+    def refusal(self, result: Regenerated) -> dict[str, Any]:
+        """The journal's line for a prompt the server refused (or whose only answer was empty, or truncated
+        and dropped): its reason with the server's words, the first of each reason also in the log."""
         failure = result.failure
-        reason = "empty answer" if failure is None else f"{failure.reason}: {failure.detail}" if failure.detail else failure.reason
+        reason = (result.ended or "empty answer") if failure is None else (
+            f"{failure.reason}: {failure.detail}" if failure.detail else failure.reason)
         if reason not in self.refusals and len(self.refusals) >= REASONS_KEPT:
             reason = f"{failure.reason if failure else reason} (other reasons: see the log)"
         if reason not in self.logged:
@@ -215,21 +144,41 @@ class InferRun:
         """Answer every prompt not yet done; return how many prompts there are in all."""
         self.total = 0
         todo = self.todo(prompts)
-        pending: dict[Future[Result], int] = {}  # each request, and the concurrency it was sent at
+        pending: set[Future[Regenerated]] = set()  # each conversation in flight: one request at a time
         workers = self.settings.max_concurrency if self.settings.is_auto else self.settings.concurrency
         with ThreadPoolExecutor(workers, thread_name_prefix="infer") as pool:
             # NOTE: threads start only as requests need them, so `auto` at 12 holds 12, not 256.
             def fill() -> None:
                 while len(pending) < self.tuner.concurrency and (record := next(todo, None)) is not None:
-                    pending[pool.submit(self.client.answer, record)] = self.tuner.concurrency
+                    pending.add(pool.submit(self.regenerate, record))
+                self.in_flight = len(pending)
 
             fill()
             while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                levels = {future: pending.pop(future) for future in finished}
+                # NOTE: a conversation of many turns outlasts many answers: the tuner hears of each answer
+                # within a second, not when its conversation ends.
+                finished, _ = wait(pending, timeout=OBSERVE_EVERY, return_when=FIRST_COMPLETED)
+                pending -= finished
+                self.in_flight = len(pending)
+                self.observe_answers()
                 fill()  # first: the server is not left short of requests while the batch is journaled
-                self.collect(levels)
+                self.collect(finished)
+        self.observe_answers()
         return self.total
+
+    def regenerate(self, record: dict[str, Any]) -> Regenerated:
+        return regenerate(record, self.ask, self.settings.turns, self.settings.truncated)
+
+    def ask(self, request: dict[str, Any]) -> Result:
+        """One request of a conversation, noted with the concurrency it was sent at for the tuner.
+
+        NOTE: after the tuner lowers the level, the conversations already started go on at the old load
+        until they end; requests sent meanwhile ran under another load than the level's and are not
+        counted for it (level 0 matches no window)."""
+        level = self.tuner.concurrency if self.in_flight <= self.tuner.concurrency else 0
+        result = self.client.answer(request)
+        self.replies.put((level, result))
+        return result
 
     def todo(self, prompts: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         """The prompts still to ask for, counting every prompt into `total` on the way."""
@@ -239,33 +188,35 @@ class InferRun:
                 continue  # a gone server: still count the prompts, so the message says how many are left
             yield record
 
-    def collect(self, levels: dict[Future[Result], int]) -> None:
-        """Record the finished requests as one durable batch, and tell the tuner how they went."""
+    def collect(self, finished: set[Future[Regenerated]]) -> None:
+        """Record the finished conversations as one durable batch."""
         answered, refused = [], []
-        for future, level in levels.items():
+        for future in finished:
             result = future.result()
             self.totals["retries"] += result.retries
-            self.observe(result, level)
-            if result.answer is not None and (result.answer.content or result.answer.reasoning_content):
+            if result.turns:
                 answered.append(result)
-            elif result.answer is not None or (result.failure is not None and not result.failure.retryable):
+            elif result.failure is None or not result.failure.retryable:
                 refused.append(self.refusal(result))
             else:
                 self.fail(result)
-        self.answers.append([_conversation(r) for r in answered])
+        self.answers.append([r.to_json() for r in answered])
         self.refused.append(refused)
         self.count(answered, refused)
 
-    def observe(self, result: Result, level: int) -> None:
-        """Retries and final failures are the server's overload; a 4xx refusal is the prompt's own."""
-        if result.answer is not None:
-            self.tuner.observe(level, result.answer.completion_tokens, result.seconds, error=result.retries > 0)
-            now = time.monotonic()
-            self.recent.append((now, result.answer.completion_tokens))
-            while self.recent and self.recent[0][0] < now - RATE_WINDOW:
-                self.recent.popleft()
-        elif result.failure is not None and result.failure.retryable:
-            self.tuner.observe(level, 0, 0.0, error=True)
+    def observe_answers(self) -> None:
+        """Tell the tuner how the requests answered since went. Retries and final failures are the server's
+        overload; a 4xx refusal is the prompt's own."""
+        while not self.replies.empty():
+            level, result = self.replies.get()
+            if result.answer is not None:
+                self.tuner.observe(level, result.answer.completion_tokens, result.seconds, error=result.retries > 0)
+                now = time.monotonic()
+                self.recent.append((now, result.answer.completion_tokens))
+                while self.recent and self.recent[0][0] < now - RATE_WINDOW:
+                    self.recent.popleft()
+            elif result.failure is not None and result.failure.retryable:
+                self.tuner.observe(level, 0, 0.0, error=True)
 
     def tokens_per_s(self) -> float:
         """Output tokens/s over the last `RATE_WINDOW` seconds (from this run's start, at first)."""
@@ -274,18 +225,18 @@ class InferRun:
         span = max(time.monotonic() - max(self.recent[0][0], self.started), 1e-3)
         return sum(tokens for _, tokens in self.recent) / min(span, RATE_WINDOW)
 
-    def fail(self, result: Result) -> None:
+    def fail(self, result: Regenerated) -> None:
         reason = result.failure.reason if result.failure else "no answer"
         self.failed[reason] = self.failed.get(reason, 0) + 1
         self.failed_in_a_row += 1
         self.progress.skipped(reason)
 
-    def count(self, answered: list[Result], refused: list[dict[str, Any]]) -> None:
+    def count(self, answered: list[Regenerated], refused: list[dict[str, Any]]) -> None:
         """Counters move only after the batch is on disk, so they never exceed the journal."""
         for result in answered:
             self.done.add(result.record["id"])
-            self.totals["truncated"] += result.answer.finish_reason == "length"
-            self.totals["completion_tokens"] += result.answer.completion_tokens
+            self.tally.add(result.to_json())
+            self.totals["completion_tokens"] += result.completion_tokens
             self.progress.written()
         for record in refused:
             self.done.add(record["id"])
@@ -293,7 +244,7 @@ class InferRun:
         if answered:
             self.failed_in_a_row = 0
             self.answered_any = True
-        self.progress.metrics(**self.totals, concurrency=self.tuner.concurrency,
+        self.progress.metrics(**self.totals, **self.tally.metrics(), concurrency=self.tuner.concurrency,
                               tokens_per_s=round(self.tokens_per_s(), 1))
 
     def is_server_gone(self) -> bool:
@@ -343,6 +294,7 @@ def finish(output: Path, ctx: StageContext, upstream: Upstream, settings: InferS
             "upstream": {"stage": "prep", "release": upstream.release, "prompts_sha256": upstream.sha256},
             "records": run.progress.records,
             "skip_reasons": dict(run.progress.skip_reasons),
+            "turns": run.tally.manifest(),
             "server_url": settings.server_url,
             "sampling": settings.sampling(),
             "finished_at": time.time(),
@@ -379,7 +331,7 @@ def run_stage(ctx: StageContext, progress: Progress) -> None:
     check_reachable(settings)
     ctx.output.mkdir(parents=True, exist_ok=True)
     finished = open_journal(ctx.output, upstream, settings, progress)
-    progress.expect(_count_lines(upstream.prompts))
+    progress.expect(count_lines(upstream.prompts))
     run = InferRun(ctx.output, settings, progress, finished)
     try:
         before = run.resume()
@@ -401,29 +353,12 @@ def run_stage(ctx: StageContext, progress: Progress) -> None:
             "check the server, then `inv rerun --failed` continues where this stopped"
         )
     finish(ctx.output, ctx, upstream, settings, run)
-    progress.note(f"answered {progress.records} of {total} prompts")
+    progress.note(f"answered {progress.records} of {total} prompts, {run.tally.answered} of their "
+                  f"{run.tally.rows_turns} turns")
 
 
 def main() -> None:
     stages.main("infer", run_stage, (InferError,))
-
-
-def _conversation(result: Result) -> dict[str, Any]:
-    return {"id": result.record["id"], "conversations": [*result.record["conversations"], result.answer.turn()]}
-
-
-def _prompt(line: str) -> dict[str, Any] | None:
-    """A prompt record with an id and a non-empty list of turns, or None."""
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    if not isinstance(record, dict) or record.get("id") in (None, ""):
-        return None
-    turns = record.get("conversations")
-    if not isinstance(turns, list) or not turns or not all(isinstance(t, dict) and "role" in t for t in turns):
-        return None
-    return {"id": str(record["id"]), "conversations": turns}
 
 
 def asked_with(settings: InferSettings) -> str:
@@ -431,32 +366,6 @@ def asked_with(settings: InferSettings) -> str:
     refusal under other settings may be answered now."""
     what = json.dumps({"server_url": settings.server_url, **settings.sampling()}, sort_keys=True)
     return hashlib.sha256(what.encode()).hexdigest()[:16]
-
-
-def _has_answers(output: Path) -> bool:
-    return any((output / name).exists() and (output / name).stat().st_size > 0 for name in (PART, OUTPUT))
-
-
-def _count_lines(path: Path) -> int:
-    """Non-empty lines: one per prompt, each later answered, refused or skipped."""
-    with open(path, "rb") as file:
-        return sum(1 for line in file if line.strip())
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _changed_settings(before: dict[str, Any], now: dict[str, Any], output: Path) -> str:
-    changed = ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in now if before.get(k) != now.get(k))
-    return (
-        f"stages.infer settings changed since this dataset's answers were started ({changed}); "
-        f"restore them, or delete {output} to answer all prompts again"
-    )
 
 
 if __name__ == "__main__":
