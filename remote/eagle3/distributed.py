@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -56,20 +55,10 @@ class World:
 def visible_gpus(env: dict[str, str] | None = None) -> int:
     """The GPUs a process here may use: ``nvidia-smi``'s, narrowed by ``CUDA_VISIBLE_DEVICES`` (indices or
     UUIDs; an empty value hides them all); 0 without nvidia-smi or when it fails."""
+    from remote.eagle3.target_memory import nvidia_smi_gpus
+
     env = os.environ if env is None else env
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    if done.returncode != 0:
-        return 0
-    boards = [[cell.strip() for cell in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
-    narrowed = env.get("CUDA_VISIBLE_DEVICES")
-    if narrowed is None:
-        return len(boards)
-    wanted = [w.strip() for w in narrowed.split(",") if w.strip()]
-    return sum(1 for w in wanted if any(w == b[0] or (len(b) > 1 and b[1].startswith(w)) for b in boards))
+    return len(nvidia_smi_gpus(env.get("CUDA_VISIBLE_DEVICES")))
 
 
 def resolve_nproc(setting: int | None) -> int:
