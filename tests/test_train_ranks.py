@@ -108,3 +108,58 @@ def test_unset_nproc_is_every_gpu_cuda_visible_devices_leaves_and_one_without_gp
     assert distributed.visible_gpus({"CUDA_VISIBLE_DEVICES": "0,3"}) == 2
     assert distributed.visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-5"}) == 1
     assert distributed.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0
+
+
+def rank_pids(output: Path, rank: int) -> list[int]:
+    """The processes of the train job writing `output` that torchrun started as `rank`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = dict(item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item)
+        except OSError:
+            continue
+        if env.get("AERIE_OUTPUT") == str(output) and env.get("RANK") == str(rank):
+            found.append(int(proc.name))
+    return found
+
+
+def test_a_rank_killed_mid_epoch_fails_the_job_and_inv_rerun_failed_resumes_it_to_the_end(
+        demo_states: dict, tmp_path: Path) -> None:
+    import os
+    import shutil
+    import signal
+
+    from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
+    from tests.test_init_draft import SETTINGS
+
+    bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local")
+    data = bench.root / "data" / "A1"
+    shutil.copytree(demo_states["root"] / "data" / "A1" / "prep", data / "prep")
+    shutil.copytree(demo_states["extract"], data / "extract")
+    settings = {**SETTINGS, "nproc": 2, "batch_size": 1, "epochs": 30, "checkpoint_every": 2}
+    bench.host_settings["env"] = {"OMP_NUM_THREADS": "1"}
+    bench.inventory({"A1": {"source": "unused", "kind": "native"}},
+                    {"extract": {"layers": [0, 1, 2], "dtype": "float32"}, "train": settings},
+                    target={"model": str(demo_states["target"]), "tokenizer": str(demo_states["target"])})
+    bench.inv("deploy", timeout=300)
+    bench.inv("launch", "--stage", "train", "--dataset", "A1")
+    output = data / "train"
+    wait_for(lambda: (output / "resume" / "state.pt").is_file() and bool(rank_pids(output, 1)), 120, "a checkpoint")
+
+    for pid in rank_pids(output, 1):
+        os.kill(pid, signal.SIGKILL)
+    failed = bench.wait_state("A1/train", {"failed", "died", "succeeded"}, timeout=120)
+
+    assert failed["state"] == "failed", failed
+    log = bench.inv("logs", "A1", "--stage", "train", "-n", "20", check=False).stdout
+    assert "rank 1 of 2 was killed by SIGKILL" in log, log
+    bench.inv("rerun", "--failed")
+    done = bench.wait_state("A1/train", {"succeeded", "failed", "died"}, timeout=300)
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert done["state"] == "succeeded", bench.inv("logs", "A1", "--stage", "train", "-n", "40", check=False).stdout
+    assert manifest["resumed_from_step"] > 0 and manifest["nproc"] == 2
+    assert manifest["steps"] == 30 * 5  # every step once: 10 records trained, 2 a step
+    history = json.loads((output / "history.json").read_text())
+    assert [h["step"] for h in history] == list(range(1, 151))
