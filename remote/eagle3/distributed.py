@@ -35,6 +35,8 @@ class World:
     rank: int = 0
     size: int = 1
     local_rank: int = 0
+    #: Started by torchrun: a process group to join, even of one (benchmarks/bench_ddp.py times that).
+    launched: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -42,14 +44,14 @@ class World:
 
     @property
     def is_distributed(self) -> bool:
-        return self.size > 1
+        return self.launched or self.size > 1
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "World":
         env = os.environ if env is None else env
         if WORLD_ENV not in env:
             return cls()
-        return cls(int(env[RANK_ENV]), int(env[WORLD_ENV]), int(env.get(LOCAL_RANK_ENV, env[RANK_ENV])))
+        return cls(int(env[RANK_ENV]), int(env[WORLD_ENV]), int(env.get(LOCAL_RANK_ENV, env[RANK_ENV])), launched=True)
 
 
 def visible_gpus(env: dict[str, str] | None = None) -> int:
