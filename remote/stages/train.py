@@ -14,6 +14,10 @@ Settings (``stages.train``, typed once by `remote.eagle3.train_settings`):
   records held out of training; after every epoch the draft is measured on
   them (`remote.eagle3.acceptance`): per-step accuracy and the expected
   acceptance length of an ``eval_steps``-long chain with top-k 1.
+- ``nproc``: training processes (`remote.eagle3.distributed`; unset: every visible GPU): aerie's
+  engine launches that many ranks of this stage under torchrun (DDP, ``batch_size`` records per
+  rank a step); SpecForge's gets it as its world size.
+- ``warmup_fraction``: with ``init_draft``, the share of the steps the learning rate rises over.
 - ``checkpoint_every``: optimizer steps between resume checkpoints (one is
   also written at the end of every epoch); SpecForge's ``training.save_interval``.
 - ``report_to``: ``none``, ``tensorboard`` or ``wandb``: every step's loss and
@@ -38,10 +42,12 @@ From the shared settings: ``target.model``
 
 Input: ``$AERIE_DATA/extract`` with its ``manifest.json``; refused when
 missing (extract did not succeed) or when its width does not fit the draft.
-Output: ``$AERIE_OUTPUT/draft/`` (SGLang's ``--speculative-draft-model-path``),
-rewritten atomically after every epoch, ``$AERIE_OUTPUT/training.png`` beside
-it (loss, held-out accuracy and acceptance length per epoch), and
-``$AERIE_OUTPUT/manifest.json`` (with ``accept_length``).
+Output: ``$AERIE_OUTPUT/draft/`` (SGLang's ``--speculative-draft-model-path``), the
+best epoch's draft by held-out accept length, and ``last/``, the last epoch's
+(`remote.eagle3.kept`), each rewritten atomically; ``$AERIE_OUTPUT/training.png``
+beside them (loss, held-out accuracy and acceptance length per epoch), and
+``$AERIE_OUTPUT/manifest.json`` (the kept draft's ``accept_length`` and interval,
+``kept_epoch`` and ``kept_reason``).
 """
 
 from __future__ import annotations
@@ -305,7 +311,7 @@ def _aerie_callbacks(ctx: StageContext, draft, head, extracted: dict[str, Any], 
         if best:
             _save_draft(ctx, draft, extracted, epoch, kept.DRAFT)
         accept = "" if measured.accept_length is None else f", held-out accept length {measured.figure()}"
-        where = "draft/ and last/" if best else f"last/ (draft/ keeps epoch {evaluation.kept_epoch().epoch})"
+        where = f"{kept.DRAFT}/ and {kept.LAST}/" if best else f"{kept.LAST}/ ({kept.DRAFT}/ keeps epoch {evaluation.kept_epoch().epoch})"
         progress.note(f"epoch {epoch}/{epochs} saved to {where}{accept}")
 
     def on_checkpoint(reached: TrainState) -> None:
