@@ -73,6 +73,7 @@ def launch(module: str, nproc: int) -> int:
     the exit code, with one line naming the rank that failed unless it refused (its line is printed)."""
     import logging
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -82,6 +83,8 @@ def launch(module: str, nproc: int) -> int:
                           start_method="spawn")
     try:
         elastic_launch(config, sys.executable)("-m", module)
+    except SignalException as stopped:  # `inv stop` (SIGTERM): the agent stopped the ranks; the job ends by it
+        return 128 + int(stopped.sigval)
     except ChildFailedError as failed:
         rank, failure = failed.get_first_failure()
         code = failure.exitcode
