@@ -18,7 +18,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 #: Set by torchrun in each rank's environment.
 RANK_ENV, WORLD_ENV, LOCAL_RANK_ENV = "RANK", "WORLD_SIZE", "LOCAL_RANK"
@@ -66,6 +66,30 @@ def visible_gpus(env: dict[str, str] | None = None) -> int:
 def resolve_nproc(setting: int | None) -> int:
     """`stages.train.nproc`, or every visible GPU when unset (1 on a host without GPUs)."""
     return setting if setting else max(1, visible_gpus())
+
+
+def ranks_for(config: dict[str, Any]) -> int:
+    """How many ranks the train stage with the job's `config` launches: `resolve_nproc` for aerie's engine;
+    1 for SpecForge's (it runs its own torchrun) and for settings the stage refuses (in one line, itself)."""
+    from remote.eagle3 import StageInputError
+    from remote.eagle3.train_settings import TrainSettings
+
+    try:
+        settings = TrainSettings.from_config(config.get("stage", {}))
+    except StageInputError:
+        return 1
+    online = config.get("prep_inputs") and not config.get("inputs")
+    return 1 if settings.engine != "aerie" or online else resolve_nproc(settings.nproc)
+
+
+def no_counts(vocab_size: int) -> Callable[[], Any]:
+    """Token counts for a rank other than 0: none (DDP copies rank 0's vocabulary map and weights to it)."""
+    def counts() -> Any:
+        import torch
+
+        return torch.zeros(vocab_size, dtype=torch.long)
+
+    return counts
 
 
 def launch(module: str, nproc: int) -> int:

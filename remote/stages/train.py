@@ -147,7 +147,7 @@ def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
         progress = Progress()  # counts nowhere: rank 0 says how the job goes
     files, heldout_files = heldout.split(files, settings.eval_records, settings.eval_fraction)
     # NOTE: only rank 0 counts tokens for a new draft's vocabulary: DDP copies its weights and maps to the others.
-    counts = _counter(files, len(heldout_files), shape.vocab_size, progress) if world.is_main else _no_counts(shape.vocab_size)
+    counts = _counter(files, len(heldout_files), shape.vocab_size, progress) if world.is_main else distributed.no_counts(shape.vocab_size)
     draft, head = start_draft(settings, config, shape, counts, progress)
     head = head.to(device)
     epochs, per_step = settings.epochs, settings.batch_size * world.size
@@ -204,15 +204,6 @@ def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
     write_json_atomic(ctx.output / "manifest.json", manifest)
     write_json_atomic(ctx.output / "history.json", history)
     return manifest
-
-
-def _no_counts(vocab_size: int) -> Callable[[], Any]:
-    def counts():
-        import torch
-
-        return torch.zeros(vocab_size, dtype=torch.long)
-
-    return counts
 
 
 def _reporter(ctx: StageContext, settings: TrainSettings, step: int) -> reporting.Reporter:
@@ -575,7 +566,7 @@ def main() -> None:
     ranks of itself under torchrun and waits (`remote.eagle3.distributed`); a rank runs the stage."""
     world = distributed.World.from_env()
     if not world.is_distributed:
-        nproc = _ranks(StageContext.from_env())
+        nproc = distributed.ranks_for(StageContext.from_env().config)
         if nproc > 1:
             raise SystemExit(distributed.launch("remote.stages.train", nproc))
     elif not world.is_main:
@@ -585,17 +576,6 @@ def main() -> None:
             raise SystemExit(distributed.REFUSED) from None
         return
     stages.main("train", run, (StageInputError,))
-
-
-def _ranks(ctx: StageContext) -> int:
-    """How many ranks aerie's engine trains with; 1 for SpecForge's (it runs its own torchrun) or settings
-    the stage will refuse (refused by the stage itself, in one line)."""
-    try:
-        settings = TrainSettings.from_config(ctx.stage_config)
-    except StageInputError:
-        return 1
-    online = ctx.config.get("prep_inputs") and not ctx.config.get("inputs")
-    return 1 if settings.engine != "aerie" or online else distributed.resolve_nproc(settings.nproc)
 
 
 if __name__ == "__main__":
