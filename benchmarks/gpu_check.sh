@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The prepared GPU check (issue 30; docs/benchmarks.md): on one GPU with torch + CUDA, transformers and
 # safetensors and no network, aerie's EAGLE-3 train step against SpecForge 0.2.0's on the same batch and
-# HF capture against the bare forward pass, at Kimi-K2.5's width; it prints the figures as JSON (and
-# leaves them in $OUT/gpu_check.json when $OUT is set). At most 8 minutes.
+# HF capture against the bare forward pass, at Kimi-K2.5's width, and aerie's step as one torchrun rank
+# (DDP) against the plain process (benchmarks/bench_ddp.py); it prints the figures as JSON (and leaves
+# them in $OUT/gpu_check.json and $OUT/gpu_check_ddp.json when $OUT is set). At most 12 minutes.
 #
 #   here, once:  .venv/bin/pip download --no-deps specforge==0.2.0 -d .wheels    (.wheels/ is ignored)
 #   there:       bash benchmarks/gpu_check.sh            (the device tool: carry [".wheels"])
@@ -24,3 +25,10 @@ fi
 out=${OUT:-/tmp}/gpu_check.json
 timeout 450 "$PYTHON" -m benchmarks.bench_steps "$@" | tee "$out.tmp"
 mv "$out.tmp" "$out"
+# aerie's engine under torchrun (issue 38): one rank of DDP against the plain process, on the same step.
+ddp=${OUT:-/tmp}/gpu_check_ddp.json
+small=""; for arg in "$@"; do [ "$arg" = "--small" ] && small="--small"; done
+plain=$(timeout 120 "$PYTHON" -m benchmarks.bench_ddp $small | tail -1)
+ranked=$(timeout 120 "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 1 -m benchmarks.bench_ddp $small | tail -1)
+"$PYTHON" -c 'import json, sys; p, r = json.loads(sys.argv[1]), json.loads(sys.argv[2]); print(json.dumps({"plain": p, "torchrun": r, "ddp_over_plain": round(p["step_s"] / r["step_s"], 3)}, indent=2))' "$plain" "$ranked" | tee "$ddp.tmp"
+mv "$ddp.tmp" "$ddp"

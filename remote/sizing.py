@@ -182,6 +182,7 @@ def plan(args: dict[str, Any]) -> dict[str, Any]:
     result.update(bytes_per_token=per_token, offline_bytes=offline, stored_bytes=stored, usable_bytes=usable,
                   largest_record_bytes=largest, route=route, chunks=chunks)
     result["throughput"] = throughput(root)
+    result["train_gpus"] = train_gpus(args)
     result["costs"] = costs(result, args)
     result["extract_engines"] = extract_engines(root, args, tokens)
     if result["unknown"]:
@@ -222,13 +223,22 @@ def costs(result: dict[str, Any], args: dict[str, Any]) -> dict[str, dict[str, A
         "chunked": {"target_loads": 1 if args.get("resident", True) else chunks * passes, "passes": passes},
         "online": {"target_loads": 1, "passes": epochs},  # SGLang serves the target; every epoch reads it again
     }
-    rates = result["throughput"]
-    for route in routes.values():
+    rates, gpus = result["throughput"], int(result.get("train_gpus") or 1)
+    for name, route in routes.items():
         route.update(forward_tokens=tokens * route["passes"], trained_tokens=tokens * epochs)
         known = rates.get("extract_tokens_per_s") and rates.get("train_tokens_per_s")
+        # NOTE: the offline route's train stage runs on every GPU it is given; the chunked route's resident trainer on one.
+        trained_per_s = rates["train_tokens_per_s"] * (gpus if name == "offline" else 1) if known else None
         route["hours"] = round((route["forward_tokens"] / rates["extract_tokens_per_s"]
-                                + route["trained_tokens"] / rates["train_tokens_per_s"]) / 3600, 2) if known else None
+                                + route["trained_tokens"] / trained_per_s) / 3600, 2) if known else None
     return routes
+
+
+def train_gpus(args: dict[str, Any]) -> int:
+    """The processes aerie's engine trains with: ``stages.train.nproc``, else every GPU here (1 without)."""
+    from remote.eagle3.distributed import resolve_nproc
+
+    return resolve_nproc(args.get("train_nproc"))
 
 
 def throughput(root: Path) -> dict[str, Any]:
@@ -248,7 +258,8 @@ def throughput(root: Path) -> dict[str, Any]:
             "from": "offline extract and train" if seconds else None}
     if train.get("seconds") and train.get("engine") == "aerie" and train.get("route") != "chunked" and extracted:
         share = train["records"] / max(train["records"] + int(train.get("eval_records") or 0), 1)
-        rate["train_tokens_per_s"] = extracted * share * int(train["epochs"]) / float(train["seconds"])
+        # per GPU: the run measured may have trained on several (its manifest's nproc)
+        rate["train_tokens_per_s"] = extracted * share * int(train["epochs"]) / float(train["seconds"]) / int(train.get("nproc") or 1)
     return rate
 
 

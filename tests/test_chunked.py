@@ -196,6 +196,10 @@ def test_a_budget_smaller_than_the_states_trains_by_chunks_never_exceeds_it_and_
     trained = json.loads((train / "manifest.json").read_text())
     assert trained["route"] == "chunked" and trained["accept_length"] >= 1.0 and len(trained["eval_accuracies"]) == 3
     assert [e["epoch"] for e in trained["epoch_history"]] == [0, 1] and (train / "training.png").is_file()
+    # draft/ keeps the best epoch (the later of equals), last/ the latest, as the train stage does
+    best = max(trained["epoch_history"], key=lambda e: (e["accept_length"], e["epoch"]))
+    assert trained["kept_epoch"] == best["epoch"] == json.loads((train / "draft" / "aerie.json").read_text())["epoch"]
+    assert (train / "last" / "model.safetensors").is_file()
     assert manifest["accept_length"] == trained["accept_length"] and progress["metrics"]["accept_length"] > 0
     # the curves in TensorBoard (report_to) are the history's, the killed run's steps taken again shown once
     scalars = read_events(train / "tensorboard")

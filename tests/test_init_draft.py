@@ -214,3 +214,42 @@ def test_published_weight_names_are_read_under_aerie_s_names() -> None:
     assert aerie_name("language_model.model.layers.0.self_attn.q_proj.weight") == "midlayer.self_attn.q_proj.weight"
     assert aerie_name("model.fc.weight") == "fc.weight" and aerie_name("language_model.lm_head.weight") == "lm_head.weight"
     assert aerie_name("midlayer.hidden_norm.weight") == "midlayer.hidden_norm.weight" and aerie_name("d2t") == "d2t"
+
+
+def test_a_warm_start_whose_every_epoch_measures_below_its_start_keeps_the_draft_it_began_with_and_says_so(
+    demo_states: dict, ten_epochs: dict
+) -> None:
+    from safetensors.torch import load_file
+
+    progress = Progress()
+    # A learning rate a thousand times the demo's, at full rate from the first step: it wrecks the draft.
+    env = train_env(demo_states, "too-high", epochs=2, init_draft=str(ten_epochs["draft"]), learning_rate=3.0,
+                    warmup_fraction=0.0)
+    manifest = train.run(context(env), progress)
+
+    history = manifest["epoch_history"]
+    assert all(e["accept_length"] < history[0]["accept_length"] for e in history[1:]), history
+    assert manifest["kept_epoch"] == 0 and manifest["last_epoch"] == 2
+    assert manifest["accept_length"] == history[0]["accept_length"]
+    assert progress.message.startswith("kept epoch 0's draft (the one training started from)"), progress.message
+    assert "every epoch measured below it" in manifest["kept_reason"]
+    output = Path(env["AERIE_OUTPUT"])
+    kept, began = (load_file(str(p / "model.safetensors")) for p in (output / "draft", ten_epochs["draft"]))
+    assert all(torch.equal(kept[k], began[k]) for k in began)  # draft/ is the draft it began with, bit for bit
+    last = load_file(str(output / "last" / "model.safetensors"))
+    assert not torch.equal(last["fc.weight"], began["fc.weight"])  # last/ is what the two epochs made of it
+    assert json.loads((output / "draft" / "aerie.json").read_text())["epoch"] == 0
+
+
+def test_the_learning_rate_of_a_warm_start_rises_over_its_first_steps_and_a_new_draft_s_does_not() -> None:
+    from remote.eagle3.trainer import rate_factor
+    from remote.eagle3.train_settings import TrainSettings
+    from benchmarks.harness.stage_settings import complete
+
+    warm = TrainSettings.from_config(complete("train", {"init_draft": "/somewhere"}))
+    new = TrainSettings.from_config(complete("train", {}))
+
+    assert warm.warmup_steps(100) == 10 and new.warmup_steps(100) == 0
+    # A linear rise over the cosine: a tenth of its rate at the first step, all of it from the tenth on.
+    assert [rate_factor(i, 100, 10) / rate_factor(i, 100, 0) for i in (0, 4, 9, 50)] == pytest.approx([0.1, 0.5, 1.0, 1.0])
+    assert rate_factor(0, 100, 0) == 1.0

@@ -233,3 +233,17 @@ def test_inv_plan_s_table_says_unknown_where_no_run_measured_the_time_and_hours_
     measured = {**result, "throughput": {"extract_tokens_per_s": 10_000.0, "train_tokens_per_s": 10_000.0, "from": "draft/chunked"},
                 "costs": {route: {**cost, "hours": 10.0} for route, cost in result["costs"].items()}}
     assert "10.00 h" in shown(measured) and "measured by draft/chunked" in shown(measured)
+
+
+def test_the_offline_route_s_train_hours_divide_by_the_gpus_training_uses() -> None:
+    from remote import sizing
+
+    result = {"tokens": 3_600_000, "stored_bytes": 1, "usable_bytes": 10, "chunks": 0, "datasets": ["A1"],
+              "throughput": {"extract_tokens_per_s": 1e9, "train_tokens_per_s": 1000.0}}
+
+    one = sizing.costs({**result, "train_gpus": 1}, {"epochs": 1})
+    eight = sizing.costs({**result, "train_gpus": 8}, {"epochs": 1})
+
+    assert one["offline"]["hours"] == 1.0 and eight["offline"]["hours"] == 0.13  # 1 h of training over 8 GPUs
+    assert eight["chunked"]["hours"] == one["chunked"]["hours"] == 1.0  # its resident trainer is one process
+    assert sizing.train_gpus({"train_nproc": 4}) == 4

@@ -47,7 +47,8 @@ def costs_table(result: dict[str, Any]) -> Table:
     """What each route asks of the target, and the hours at the throughput a previous run measured."""
     rates = result.get("throughput") or {}
     known = rates.get("extract_tokens_per_s") and rates.get("train_tokens_per_s")
-    note = (f"at {rates['extract_tokens_per_s']:,.0f} tok/s forward, {rates['train_tokens_per_s']:,.0f} tok/s trained "
+    note = (f"at {rates['extract_tokens_per_s']:,.0f} tok/s forward, {rates['train_tokens_per_s']:,.0f} tok/s trained per GPU "
+            f"on {result.get('train_gpus') or 1} GPU(s) "
             f"(measured by {escape(rates['from'])})") if known else "time unknown: no run on this host measured the throughput yet"
     table = Table(title=f"what each route costs ({note})", title_justify="left")
     for header in ("route", "target loads", "forward passes", "tokens read by the target", "estimated time"):

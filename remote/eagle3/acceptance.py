@@ -55,6 +55,8 @@ class Tally:
     """Per step: positions with a trained token to predict (the accuracy's denominator)."""
     hits: list[int] = field(default_factory=list)
     """Per step: of those, where the draft's top token is the target's (teacher-forced)."""
+    per_record: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    """Each record's own (`reached`, `accepted`), for the figure's spread (`accept_interval`)."""
 
     def __post_init__(self) -> None:
         for name in ("reached", "accepted", "valid", "hits"):
@@ -148,8 +150,31 @@ def evaluate(draft: Eagle3Draft, head: torch.Tensor, samples: Iterable[Any], loa
             final = record["hidden_state"][:, :n].to(device)
             logits = draft(input_ids, aux, steps)
             proposed = [draft.draft_to_target(step.argmax(-1)) for step in logits]
-            tally.add(tally_chains(proposed, target_top_tokens(final, head), input_ids, loss_mask))
+            one = tally_chains(proposed, target_top_tokens(final, head), input_ids, loss_mask)
+            tally.add(one)
+            tally.per_record.append((one.reached, one.accepted))
             beat()
     finally:
         draft.train(was_training)
     return tally
+
+
+def accept_interval(per_record: list[tuple[list[int], list[int]]], level: float = 0.95, draws: int = 2000,
+                    seed: int = 0) -> tuple[float, float] | None:
+    """The `level` interval of the accept length over the held-out records (a bootstrap: records drawn
+    with replacement, the figure pooled over each draw as `Tally.accept_length` pools it); None under two records.
+
+    NOTE: over records, not positions: the chains of one record share its text, so positions are not
+    independent draws and an interval over them would be too narrow."""
+    import numpy as np
+
+    if len(per_record) < 2:
+        return None
+    reached = np.array([r for r, _ in per_record], dtype=np.float64)
+    accepted = np.array([a for _, a in per_record], dtype=np.float64)
+    picks = np.random.default_rng(seed).integers(0, len(per_record), size=(draws, len(per_record)))
+    r, a = reached[picks].sum(axis=1), accepted[picks].sum(axis=1)
+    rates = np.divide(a, r, out=np.zeros_like(a), where=r > 0)
+    lengths = 1.0 + np.cumprod(rates, axis=1).sum(axis=1)
+    low, high = np.quantile(lengths, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)

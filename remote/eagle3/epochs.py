@@ -16,12 +16,29 @@ class EpochRecord:
     accept_length: float | None = None
     accuracies: list[float] = field(default_factory=list)
     positions: int = 0
+    #: The accept length's 95 % interval over the held-out records (`remote.eagle3.acceptance.accept_interval`).
+    interval: list[float] | None = None
 
     def metrics(self) -> dict[str, Any]:
         if self.accept_length is None:
             return {}
-        return {"accept_length": round(self.accept_length, 4), "eval_positions": self.positions,
+        spread = {} if self.interval is None else {"accept_low": round(self.interval[0], 4),
+                                                   "accept_high": round(self.interval[1], 4)}
+        return {"accept_length": round(self.accept_length, 4), **spread, "eval_positions": self.positions,
                 **{f"eval_acc_{k}": round(a, 4) for k, a in enumerate(self.accuracies)}}
+
+    def figure(self) -> str:
+        """``3.71 [3.52, 3.88]``: the accept length and its interval."""
+        if self.accept_length is None:
+            return "not measured"
+        spread = "" if self.interval is None else f" [{self.interval[0]:.2f}, {self.interval[1]:.2f}]"
+        return f"{self.accept_length:.2f}{spread}"
+
+    def within_noise(self, other: "EpochRecord") -> bool:
+        """Whether the two figures cannot be told apart: their intervals overlap (without intervals: equal)."""
+        if self.interval is None or other.interval is None:
+            return self.accept_length == other.accept_length
+        return self.interval[0] <= other.interval[1] and other.interval[0] <= self.interval[1]
 
     def as_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "loss": None if self.loss is None else round(self.loss, 5), **self.metrics()}

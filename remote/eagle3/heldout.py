@@ -21,16 +21,21 @@ PLOT_EVERY = 60.0  # seconds: drawing costs seconds of CPU, so not after every s
 HELDOUT_LIST = "heldout.json"  # beside train's manifest: the held-out records' files
 #: Beside it: every epoch measured so far, so that a resumed run (or one resumed after its last step) keeps them.
 EVALUATIONS = "evaluations.json"
+#: The most records held out by default: the accept length's 95 % interval narrows as one over the root of
+#: the records; at this many it is a few hundredths wide, enough to tell epochs apart, and measuring
+#: them after every epoch stays a small part of an epoch at the user's scale (docs/benchmarks.md, "Training
+#: at the host's scale").
+DEFAULT_CAP = 1024
 
 
 def split(files: list[Path], records: int | None, fraction: float) -> tuple[list[Path], list[Path]]:
-    """(to train on, held out): `records` of them when given (0: none), else about `fraction`,
-    at least one when there are two or more; training always keeps at least one."""
+    """(to train on, held out): `records` of them when given (0: none), else about `fraction`, at most
+    `DEFAULT_CAP`, at least one when there are two or more; training always keeps at least one."""
     ranked = sorted(files, key=_rank)
     if records is None:
         # NOTE: a threshold on the hash, not a count: whether a record is held out does not
-        # depend on the others, so adding a dataset never moves a record into training.
-        records = sum(1 for f in ranked if _rank(f) < fraction) or (1 if len(files) > 1 else 0)
+        # depend on the others, so adding a dataset never moves a record into training (below the cap).
+        records = min(DEFAULT_CAP, sum(1 for f in ranked if _rank(f) < fraction)) or (1 if len(files) > 1 else 0)
     held = set(ranked[: max(0, min(records, len(files) - 1))])
     return [f for f in files if f not in held], [f for f in files if f in held]
 
@@ -85,7 +90,7 @@ class EpochEvaluation:
 
     def _measured(self, record: EpochRecord, draft: Any, head: Any) -> EpochRecord:
         """`record` with the held-out figures of `draft` (none without held-out records), reported and printed."""
-        from remote.eagle3.acceptance import evaluate
+        from remote.eagle3.acceptance import accept_interval, evaluate
 
         if not self.heldout:
             return record
@@ -93,9 +98,11 @@ class EpochEvaluation:
         self.progress.note(f"{when}: measuring the draft on {len(self.heldout)} held-out records")
         tally = evaluate(draft, head, self.heldout, self.load, self.steps, self.max_length, self.progress.beat)
         record.accept_length, record.accuracies, record.positions = tally.accept_length, tally.accuracies, tally.positions
+        spread = accept_interval(tally.per_record)
+        record.interval = list(spread) if spread else None
         self.progress.metrics(**record.metrics())
         loss = "" if record.loss is None else f", loss {record.loss:.4f}"
-        print(f"epoch {record.epoch} ({when}){loss}: held-out accept length {tally.accept_length:.3f} "
+        print(f"epoch {record.epoch} ({when}){loss}: held-out accept length {record.figure()} "
               f"({self.steps} steps, top-k 1), accuracy per step " + " ".join(f"{a:.3f}" for a in tally.accuracies),
               flush=True)
         return record
@@ -119,13 +126,19 @@ class EpochEvaluation:
             print("no training plot: matplotlib is not installed on this host (pip install matplotlib)", flush=True)
 
     def manifest(self) -> dict[str, Any]:
-        """What train's manifest says about the draft's quality."""
-        last = self.epochs[-1] if self.epochs else None
+        """What train's manifest says about the draft's quality: the kept draft's (`remote.eagle3.kept`)."""
+        from remote.eagle3 import kept
+
         return {
             "eval_records": len(self.heldout),
             "eval_steps": self.steps,
-            "accept_length": round(last.accept_length, 4) if last and last.accept_length is not None else None,
-            "eval_accuracies": [round(a, 4) for a in last.accuracies] if last else [],
+            **kept.manifest(self.epochs),
             "epoch_history": [e.as_dict() for e in self.epochs],
             "plot": str(self.plot_path) if self.plot_path.exists() else None,
         }
+
+    def kept_epoch(self) -> EpochRecord | None:
+        """The epoch whose draft ``draft/`` holds (None: none measured)."""
+        from remote.eagle3 import kept
+
+        return kept.best(self.epochs)

@@ -1,10 +1,12 @@
-"""The training curve beside the draft: loss, held-out per-step accuracy and acceptance length per epoch."""
+"""The training curve beside the draft: loss, held-out per-step accuracy and acceptance length per epoch
+(with its 95 % interval, and a star on the epoch whose draft is kept: `remote.eagle3.kept`)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from remote.eagle3 import kept
 from remote.eagle3.epochs import EpochRecord
 
 PLOT_NAME = "training.png"
@@ -29,6 +31,14 @@ def write(epochs: list[EpochRecord], steps: int, path: Path) -> Path:
     if measured:
         acc_ax.legend(fontsize="small")
         accept_ax.plot([e.epoch for e in measured], [e.accept_length for e in measured], marker="o", color="tab:green")
+        spread = [e for e in measured if e.interval]
+        if spread:  # the 95 % interval over the held-out records
+            accept_ax.fill_between([e.epoch for e in spread], [e.interval[0] for e in spread],
+                                   [e.interval[1] for e in spread], color="tab:green", alpha=0.15, linewidth=0)
+        chosen = kept.best(measured)
+        accept_ax.plot([chosen.epoch], [chosen.accept_length], marker="*", markersize=16, color="tab:red",
+                       linestyle="none", label=f"kept: epoch {chosen.epoch}")
+        accept_ax.legend(fontsize="small", loc="lower right")
     accept_ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)  # a draft that is never used
     accept_ax.set(title=f"expected acceptance length ({steps} steps, top-k 1)", xlabel="epoch",
                   ylim=(0.9, steps + 1.1))

@@ -8,6 +8,10 @@ steps so far). The batch order of an epoch is a fixed shuffle of the sample
 list (seeded by the epoch), so skipping ``position`` batches lands exactly
 where the last run left off.
 
+``world`` is how many processes trained it: the position counts global batches of
+``batch_size x world`` records, so a run over the same data goes on only with as many
+(`check_world` refuses another count in one line).
+
 ``data`` fingerprints the samples the position counts in (their paths and
 the training settings). A checkpoint made over other data still carries the
 draft and the optimizer on: the chunked route trains one chunk of records
@@ -43,6 +47,8 @@ class TrainState:
     optimizer: dict[str, Any] = field(default_factory=dict)
     schedule: dict[str, Any] = field(default_factory=dict)
     data: str = ""
+    #: The processes that trained it (`remote.eagle3.distributed`): a global batch is `batch_size` x this.
+    world: int = 1
 
 
 def fingerprint(files: list[Path], settings: dict[str, Any]) -> str:
@@ -72,3 +78,13 @@ def load(directory: Path, draft: torch.nn.Module) -> TrainState | None:
     if set(result.missing_keys) - set(SHARED) or result.unexpected_keys:
         raise ValueError(f"{path} is for another draft: missing {result.missing_keys}, unexpected {result.unexpected_keys}")
     return TrainState(**saved)
+
+
+def check_world(saved: TrainState, world: int, nproc_setting: str = "stages.train.nproc") -> None:
+    """Refuse (one line) to go on from `saved` with another number of processes than trained it."""
+    from remote.eagle3 import StageInputError
+
+    if saved.world != world:
+        raise StageInputError(f"{nproc_setting} is {world}, but the run to resume was trained by {saved.world} "
+                              f"process{'es' if saved.world > 1 else ''} (its batches count {saved.world} ranks' "
+                              f"records): set nproc: {saved.world} to resume it, or delete its resume/ folder to start over")

@@ -46,8 +46,10 @@ class TrainSettings:
     eval_steps: int
     #: Legacy SpecForge's chat template.
     chat_template: str
-    #: SpecForge's processes (its world size).
-    nproc: int
+    #: Training processes, either engine's (`remote.eagle3.distributed`); None: every visible GPU.
+    nproc: int | None
+    #: With `init_draft`: the share of the optimizer steps the learning rate rises over.
+    warmup_fraction: float
     #: Online SpecForge: the SGLang capture servers' URLs.
     specforge_server_urls: list[str]
     #: Merged into SpecForge's ``deployment:``.
@@ -66,3 +68,9 @@ class TrainSettings:
         if settings.report_to not in REPORTERS:
             raise StageInputError(f"stages.train.report_to {settings.report_to!r}: expected one of {', '.join(REPORTERS)}")
         return settings
+
+    def warmup_steps(self, total_steps: int) -> int:
+        """The optimizer steps of the learning rate's rise: a warm start's only (a new draft has nothing to undo)."""
+        import math
+
+        return math.ceil(self.warmup_fraction * total_steps) if self.init_draft else 0

@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from remote.eagle3 import distributed
+from remote.eagle3.distributed import World
 from remote.eagle3.model import Eagle3Draft, shift_left
 from remote.eagle3.resume import TrainState
 
@@ -68,10 +70,12 @@ def target_distribution(final: torch.Tensor, head: torch.Tensor, t2d: torch.Tens
     return torch.cat(probs, dim=1), torch.cat(in_draft, dim=1)
 
 
-def ttt_loss(draft: Eagle3Draft, batch: Batch, head: torch.Tensor, steps: int) -> tuple[torch.Tensor, list[float]]:
-    """The decayed sum of the per-step losses, and the per-step top-1 accuracies."""
+def ttt_loss(draft: Eagle3Draft, batch: Batch, head: torch.Tensor, steps: int,
+             forward: Callable[..., Any] | None = None) -> tuple[torch.Tensor, list[float]]:
+    """The decayed sum of the per-step losses, and the per-step top-1 accuracies; `forward` runs the
+    draft (its DDP wrapper when several processes train it)."""
     target_p, in_draft = target_distribution(batch.final, head, draft.t2d)
-    logits = draft(batch.input_ids, batch.aux, steps)
+    logits = (forward or draft)(batch.input_ids, batch.aux, steps)
     total = torch.zeros((), device=batch.aux.device)
     accuracies = []
     for k, step_logits in enumerate(logits):
@@ -100,11 +104,18 @@ def batches(samples: list[Any], size: int, seed: int) -> Iterator[list[Any]]:
         yield [samples[i] for i in order[start : start + size]]
 
 
-def optimizer_for(draft: Eagle3Draft, learning_rate: float, total_steps: int, state: TrainState):
-    """AdamW over the draft's trainable weights and a cosine schedule over `total_steps`,
+def rate_factor(step: int, total_steps: int, warmup_steps: int) -> float:
+    """The learning rate's share at optimizer step `step`: a linear rise over `warmup_steps` (a fresh
+    optimizer's first steps are its largest: on a trained draft they undo what it knew), then a cosine to 0."""
+    rise = min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
+    return rise * 0.5 * (1 + math.cos(math.pi * step / max(total_steps, 1)))
+
+
+def optimizer_for(draft: Eagle3Draft, learning_rate: float, total_steps: int, state: TrainState, warmup_steps: int = 0):
+    """AdamW over the draft's trainable weights and the schedule of `rate_factor` over `total_steps`,
     both as `state` left them (a fresh state: as new)."""
     optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=learning_rate)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 0.5 * (1 + math.cos(math.pi * i / max(total_steps, 1))))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: rate_factor(i, total_steps, warmup_steps))
     if state.optimizer:
         optimizer.load_state_dict(state.optimizer)
     if state.schedule:
@@ -112,13 +123,14 @@ def optimizer_for(draft: Eagle3Draft, learning_rate: float, total_steps: int, st
     return optimizer, schedule
 
 
-def train_step(draft: Eagle3Draft, batch: Batch, head: torch.Tensor, steps: int, optimizer, schedule) -> tuple[float, list[float]]:
+def train_step(draft: Eagle3Draft, batch: Batch, head: torch.Tensor, steps: int, optimizer, schedule,
+               forward: Callable[..., Any] | None = None) -> tuple[float, list[float]]:
     """One optimizer step on `batch` (moved to the head's device; gradients clipped at 0.5):
-    its loss and per-step accuracies."""
+    its loss and per-step accuracies (this process's: `train` averages them over the ranks)."""
     device = head.device
     batch = Batch(*(t.to(device) for t in (batch.input_ids, batch.loss_mask, batch.aux, batch.final)))
     with autocast(device):
-        loss, accuracies = ttt_loss(draft, batch, head, steps)
+        loss, accuracies = ttt_loss(draft, batch, head, steps, forward)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
@@ -145,6 +157,8 @@ def train(
     on_checkpoint: Callable[[TrainState], None] | None = None,
     checkpoint_every: int = 0,
     schedule_steps: int = 0,
+    warmup_steps: int = 0,
+    world: World = World(),
 ) -> TrainState:
     """Train `draft` in place; `samples` are loaded lazily with `load` (records may not fit in memory).
 
@@ -153,26 +167,34 @@ def train(
     to (or, for a state over other data, only the optimizer and the step
     count). `on_checkpoint` gets the state every `checkpoint_every` steps and
     at the end of every epoch; the final state is returned. `schedule_steps`
-    sizes the cosine schedule when this call is one part of a longer run (a chunk).
+    sizes the cosine schedule when this call is one part of a longer run (a chunk); the learning
+    rate rises over its first `warmup_steps`.
+
+    In a `world` of several processes (`remote.eagle3.distributed`), `batch_size` records per
+    process make one global batch; every rank calls this with the same `samples` and trains
+    on its share, and the callbacks get the figures averaged over the ranks.
     """
     dtype = draft.fc.weight.dtype
-    state = state or TrainState()
-    total_steps = schedule_steps or epochs * math.ceil(len(samples) / batch_size)
-    optimizer, schedule = optimizer_for(draft, learning_rate, total_steps, state)
+    state = state or TrainState(world=world.size)
+    per_step = batch_size * world.size
+    total_steps = schedule_steps or epochs * math.ceil(len(samples) / per_step)
+    optimizer, schedule = optimizer_for(draft, learning_rate, total_steps, state, warmup_steps)
+    forward = distributed.wrap(draft, world)
     step = state.step
 
     def snapshot(epoch: int, position: int) -> TrainState:
         return TrainState(epoch=epoch, position=position, step=step, optimizer=optimizer.state_dict(),
-                          schedule=schedule.state_dict(), data=state.data)
+                          schedule=schedule.state_dict(), data=state.data, world=world.size)
 
     draft.train()
     for epoch in range(state.epoch, epochs):
         skip = state.position if epoch == state.epoch else 0
-        for index, chunk in enumerate(batches(samples, batch_size, seed + epoch)):
+        for index, chunk in enumerate(batches(samples, per_step, seed + epoch)):
             if index < skip:
                 continue
-            batch = collate([load(s) for s in chunk], max_length, dtype)
-            loss, accuracies = train_step(draft, batch, head, steps, optimizer, schedule)
+            batch = collate([load(s) for s in distributed.share(chunk, world)], max_length, dtype)
+            loss, accuracies = train_step(draft, batch, head, steps, optimizer, schedule, forward)
+            loss, *accuracies = distributed.mean([loss, *accuracies], world)
             step += 1
             on_step(step, loss, accuracies, len(chunk) if epoch == 0 else 0)
             if on_checkpoint and checkpoint_every and step % checkpoint_every == 0:

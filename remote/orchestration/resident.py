@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
-from remote.eagle3 import reporting
+from remote.eagle3 import kept, reporting
 from remote.eagle3.train_settings import TrainSettings
 from remote.stages import StageContext
 
@@ -150,7 +150,6 @@ class Trainer:
 
     def run(self, inputs: list[Path], epochs: int, name: str, seed: int) -> None:
         """`epochs` epochs over the states in `inputs`, shuffled by `seed`; `name` is the pass, for resuming."""
-        from remote.eagle3 import checkpoint
         from remote.eagle3.shards import ShardStore, load_sample
         from remote.eagle3.trainer import train
 
@@ -163,7 +162,8 @@ class Trainer:
         state = self.resume_state(inputs, files, settings, name)
         self.draft.to(self.device)
         if state.step == 0:  # the run's first pass, nothing trained yet: epoch 0, the draft as it starts
-            self.evaluation.before_training(self.draft, self.head)
+            if self.evaluation.before_training(self.draft, self.head) is not None:
+                self.save(kept.DRAFT, {"epoch": 0})  # kept unless an epoch measures at least as well
         history = [h for h in self.history if h["step"] <= state.step]
         self.history = history
         if self.observer is None:
@@ -188,8 +188,16 @@ class Trainer:
             learning_rate=settings.learning_rate, steps=settings.ttt_steps,
             max_length=settings.max_length, on_step=on_step, on_epoch=lambda epoch: None, seed=seed,
             state=state, on_checkpoint=on_checkpoint, checkpoint_every=settings.checkpoint_every,
-            schedule_steps=self.schedule_steps)
-        checkpoint.save(self.draft, self.output / "draft", {"pass": name, "release": self.ctx.release})
+            schedule_steps=self.schedule_steps, warmup_steps=settings.warmup_steps(self.schedule_steps))
+        self.save(kept.LAST, {"pass": name})
+        if not self.heldout or not (self.output / kept.DRAFT).is_dir():  # nothing to choose by (yet): the latest
+            self.save(kept.DRAFT, {"pass": name})
+
+    def save(self, name: str, extra: dict[str, Any]) -> None:
+        """The draft as it is now, at ``<output>/<name>`` (`remote.eagle3.kept`: ``draft`` the kept, ``last`` the latest)."""
+        from remote.eagle3 import checkpoint
+
+        checkpoint.save(self.draft, self.output / name, {**extra, "release": self.ctx.release})
 
     def reporter(self, step: int) -> Any:
         """Where ``stages.train.report_to`` sends the curves (as the train stage does), from `step` on."""
@@ -215,6 +223,8 @@ class Trainer:
     def measure(self, epoch: int) -> dict[str, Any]:
         """The held-out figures after `epoch` epochs' worth of steps, kept (for a resumed run) and drawn."""
         record = self.evaluation.on_epoch(epoch, self.draft, self.head)
+        if kept.is_best(record, self.evaluation.epochs):  # as the train stage keeps it: the best, the later of equals
+            self.save(kept.DRAFT, {"epoch": epoch})
         if self.observer is not None:
             self.observer.report_epochs()
         self.evaluation.draw()
@@ -226,6 +236,7 @@ class Trainer:
             return read_json(self.output / "manifest.json", {})
         if self.observer is not None:
             self.observer.close()
+        self.progress.note(kept.reason(self.evaluation.epochs))
         write_json_atomic(self.output / "history.json", self.history)
         manifest = {
             "release": self.ctx.release, "engine": "aerie", "route": "chunked", "draft": str(self.output / "draft"),

@@ -14,6 +14,10 @@ Settings (``stages.train``, typed once by `remote.eagle3.train_settings`):
   records held out of training; after every epoch the draft is measured on
   them (`remote.eagle3.acceptance`): per-step accuracy and the expected
   acceptance length of an ``eval_steps``-long chain with top-k 1.
+- ``nproc``: training processes (`remote.eagle3.distributed`; unset: every visible GPU): aerie's
+  engine launches that many ranks of this stage under torchrun (DDP, ``batch_size`` records per
+  rank a step); SpecForge's gets it as its world size.
+- ``warmup_fraction``: with ``init_draft``, the share of the steps the learning rate rises over.
 - ``checkpoint_every``: optimizer steps between resume checkpoints (one is
   also written at the end of every epoch); SpecForge's ``training.save_interval``.
 - ``report_to``: ``none``, ``tensorboard`` or ``wandb``: every step's loss and
@@ -38,10 +42,12 @@ From the shared settings: ``target.model``
 
 Input: ``$AERIE_DATA/extract`` with its ``manifest.json``; refused when
 missing (extract did not succeed) or when its width does not fit the draft.
-Output: ``$AERIE_OUTPUT/draft/`` (SGLang's ``--speculative-draft-model-path``),
-rewritten atomically after every epoch, ``$AERIE_OUTPUT/training.png`` beside
-it (loss, held-out accuracy and acceptance length per epoch), and
-``$AERIE_OUTPUT/manifest.json`` (with ``accept_length``).
+Output: ``$AERIE_OUTPUT/draft/`` (SGLang's ``--speculative-draft-model-path``), the
+best epoch's draft by held-out accept length, and ``last/``, the last epoch's
+(`remote.eagle3.kept`), each rewritten atomically; ``$AERIE_OUTPUT/training.png``
+beside them (loss, held-out accuracy and acceptance length per epoch), and
+``$AERIE_OUTPUT/manifest.json`` (the kept draft's ``accept_length`` and interval,
+``kept_epoch`` and ``kept_reason``).
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ from typing import Any, Callable
 
 from remote.eagle3 import StageInputError, read_upstream_manifest
 from remote.eagle3 import draft_config
-from remote.eagle3 import heldout, init_draft, plot, reporting, specforge
+from remote.eagle3 import distributed, heldout, init_draft, kept, plot, reporting, specforge
 from remote.eagle3.shards import ShardStore, load_sample
 from remote.eagle3.target import best_device, read_config, read_embed_and_head, read_shape, target_settings
 from remote.eagle3.train_settings import TrainSettings
@@ -126,59 +132,75 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 
 
 def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """Train with this project's plain-torch trainer (`remote.eagle3.trainer`): the draft saved after every
-    epoch, measured on the held-out records, and resumable from ``$AERIE_OUTPUT/resume``."""
+    """Train with this project's plain-torch trainer (`remote.eagle3.trainer`), in one process or as one rank
+    of several (`remote.eagle3.distributed`): the draft measured on the held-out records after every epoch,
+    the best kept in ``draft/`` and the last in ``last/`` (`remote.eagle3.kept`), resumable from
+    ``$AERIE_OUTPUT/resume``. Rank 0 alone writes; the other ranks train and return nothing."""
     shape, config, files = _aerie_inputs(ctx, settings, extracted)
 
     # NOTE: torch is imported only once the inputs are known good, so a refusal is instant.
-    import torch
-
     from remote.eagle3.trainer import train
 
+    world = distributed.World.from_env()
+    device = distributed.start(world)
+    if not world.is_main:
+        progress = Progress()  # counts nowhere: rank 0 says how the job goes
     files, heldout_files = heldout.split(files, settings.eval_records, settings.eval_fraction)
-    draft, head = start_draft(settings, config, shape, _counter(files, len(heldout_files), shape.vocab_size, progress), progress)
-    device = torch.device(best_device())
+    # NOTE: only rank 0 counts tokens for a new draft's vocabulary: DDP copies its weights and maps to the others.
+    counts = _counter(files, len(heldout_files), shape.vocab_size, progress) if world.is_main else distributed.no_counts(shape.vocab_size)
+    draft, head = start_draft(settings, config, shape, counts, progress)
     head = head.to(device)
-
-    history: list[dict[str, Any]] = []
-    epochs, batch_size = settings.epochs, settings.batch_size
-    evaluation = heldout.EpochEvaluation(heldout_files, load_sample, settings.eval_steps, settings.max_length,
-                                         ctx.output / plot.PLOT_NAME, progress)
-    state = _resume_state(ctx, draft, files, settings, progress)
-    # NOTE: the epochs before the one this run goes on from were measured by earlier runs: the manifest
-    # still reports them (a run resumed after its last step measures nothing, yet had an accept length).
-    evaluation.restore(through=state.epoch)
+    epochs, per_step = settings.epochs, settings.batch_size * world.size
+    state = _resume_state(ctx, draft, files, settings, progress, world.size)
     draft.to(device)
-    if state.step == 0:  # nothing trained yet: epoch 0 is the draft as it starts, what the data is measured against
-        evaluation.before_training(draft, head)
-    progress.expect(epochs * -(-len(files) // batch_size), by="step")
-    earlier = _previous_history(ctx, state.step)
-    observer = reporting.Observer(_reporter(ctx, settings, state.step), evaluation, state.step)
+    evaluation = epoch_0 = None
+    if world.is_main:
+        evaluation = heldout.EpochEvaluation(heldout_files, load_sample, settings.eval_steps, settings.max_length,
+                                             ctx.output / plot.PLOT_NAME, progress)
+        # NOTE: the epochs before the one this run goes on from were measured by earlier runs: the manifest
+        # still reports them (a run resumed after its last step measures nothing, yet had an accept length).
+        evaluation.restore(through=state.epoch)
+        if state.step == 0:  # nothing trained yet: epoch 0 is the draft as it starts, what the data is measured against
+            epoch_0 = evaluation.before_training(draft, head)
+            if epoch_0 is not None:  # kept unless an epoch measures at least as well (`remote.eagle3.kept`)
+                _save_draft(ctx, draft, extracted, 0, kept.DRAFT)
+    schedule_steps = int(ctx.stage_config.get("schedule_steps") or 0)  # NOTE: .get: only the chunked driver sends it
+    total_steps = schedule_steps or epochs * -(-len(files) // per_step)
+    progress.expect(epochs * -(-len(files) // per_step), by="step")
+    earlier = _previous_history(ctx, state.step) if world.is_main else []
+    history: list[dict[str, Any]] = []
+    callbacks = {"on_step": lambda *a: None, "on_epoch": lambda e: None, "on_checkpoint": None}
+    observer = None
+    if world.is_main:
+        observer = reporting.Observer(_reporter(ctx, settings, state.step), evaluation, state.step)
+        callbacks = observer.wrap(_aerie_callbacks(ctx, draft, head, extracted, evaluation, epochs, earlier, history, progress))
 
     started = time.time()
     train(
-        draft,
-        head,
-        files,
-        load_sample,
-        epochs=epochs,
-        batch_size=batch_size,
-        learning_rate=settings.learning_rate,
-        steps=settings.ttt_steps,
-        max_length=settings.max_length,
-        state=state,
-        checkpoint_every=settings.checkpoint_every,
-        # NOTE: read with .get: only the chunked route's driver sends it, never the inventory.
-        schedule_steps=int(ctx.stage_config.get("schedule_steps") or 0),
-        **observer.wrap(_aerie_callbacks(ctx, draft, head, extracted, evaluation, epochs, earlier, history, progress)),
+        draft, head, files, load_sample, epochs=epochs, batch_size=settings.batch_size,
+        learning_rate=settings.learning_rate, steps=settings.ttt_steps, max_length=settings.max_length,
+        state=state, checkpoint_every=settings.checkpoint_every, schedule_steps=schedule_steps,
+        warmup_steps=settings.warmup_steps(total_steps), world=world, **callbacks,
     )
+    distributed.stop(world)
+    if not world.is_main:
+        return {}
     observer.close()
     evaluation.draw()
-    if not history:  # resumed after the last step: the saved draft is the result
-        _save_draft(ctx, draft, extracted, epochs)
+    if not history:  # resumed after the last step: the saved drafts are the result
+        if not (ctx.output / kept.LAST).is_dir():
+            _save_draft(ctx, draft, extracted, epochs, kept.LAST)
+        if not (ctx.output / kept.DRAFT).is_dir():
+            _save_draft(ctx, draft, extracted, epochs, kept.DRAFT)
     history = earlier + history
     manifest = _aerie_manifest(ctx, extracted, config, len(files), epochs, history, state.step, time.time() - started)
-    manifest.update(evaluation.manifest(), init_draft=settings.init_draft)
+    manifest.update(evaluation.manifest(), init_draft=settings.init_draft, nproc=world.size,
+                    batch_size=settings.batch_size, global_batch=per_step)
+    chosen = evaluation.kept_epoch()
+    if chosen is not None:  # what `inv status` shows: the kept draft's figures, not the last epoch's
+        progress.metrics(**chosen.metrics())
+    if history[len(earlier):]:  # trained in this run (else its line says the saved draft stands)
+        progress.note(manifest["kept_reason"])
     write_json_atomic(ctx.output / "manifest.json", manifest)
     write_json_atomic(ctx.output / "history.json", history)
     return manifest
@@ -275,9 +297,13 @@ def _aerie_callbacks(ctx: StageContext, draft, head, extracted: dict[str, Any], 
 
     def on_epoch(epoch: int) -> None:
         measured = evaluation.on_epoch(epoch, draft, head)
-        _save_draft(ctx, draft, extracted, epoch)
-        accept = "" if measured.accept_length is None else f", held-out accept length {measured.accept_length:.2f}"
-        progress.note(f"epoch {epoch}/{epochs} saved to {ctx.output / 'draft'}{accept}")
+        _save_draft(ctx, draft, extracted, epoch, kept.LAST)
+        best = kept.is_best(measured, evaluation.epochs)
+        if best:
+            _save_draft(ctx, draft, extracted, epoch, kept.DRAFT)
+        accept = "" if measured.accept_length is None else f", held-out accept length {measured.figure()}"
+        where = f"{kept.DRAFT}/ and {kept.LAST}/" if best else f"{kept.LAST}/ ({kept.DRAFT}/ keeps epoch {evaluation.kept_epoch().epoch})"
+        progress.note(f"epoch {epoch}/{epochs} saved to {where}{accept}")
 
     def on_checkpoint(reached: TrainState) -> None:
         # NOTE: the history first, so a resumed run never lacks the steps its state counts.
@@ -287,15 +313,16 @@ def _aerie_callbacks(ctx: StageContext, draft, head, extracted: dict[str, Any], 
     return {"on_step": on_step, "on_epoch": on_epoch, "on_checkpoint": on_checkpoint}
 
 
-def _save_draft(ctx: StageContext, draft, extracted: dict[str, Any], epoch: int) -> None:
-    """The draft as SGLang loads it, at ``$AERIE_OUTPUT/draft`` (rewritten atomically)."""
+def _save_draft(ctx: StageContext, draft, extracted: dict[str, Any], epoch: int, name: str) -> None:
+    """The draft as SGLang loads it, at ``$AERIE_OUTPUT/<name>`` (``draft``: the kept one; ``last``), rewritten atomically."""
     from remote.eagle3 import checkpoint
 
-    checkpoint.save(draft, ctx.output / "draft", {"epoch": epoch, "extract_release": extracted["release"], "release": ctx.release})
+    checkpoint.save(draft, ctx.output / name, {"epoch": epoch, "extract_release": extracted["release"], "release": ctx.release})
 
 
-def _resume_state(ctx: StageContext, draft, files: list[Path], settings: TrainSettings, progress: Progress):
-    """The saved training state to go on from (its weights loaded into `draft`), or None."""
+def _resume_state(ctx: StageContext, draft, files: list[Path], settings: TrainSettings, progress: Progress, world: int = 1):
+    """The saved training state to go on from (its weights loaded into `draft`), or a fresh one; refused
+    (one line) when it was trained by another number of processes than `world`."""
     from remote.eagle3 import resume
 
     fields: dict[str, Any] = {k: getattr(settings, k) for k in ("batch_size", "epochs", "max_length", "ttt_steps")}
@@ -305,17 +332,19 @@ def _resume_state(ctx: StageContext, draft, files: list[Path], settings: TrainSe
     data = resume.fingerprint(files, fields)
     saved = resume.load(ctx.output / "resume", draft)
     if saved is None:
-        return resume.TrainState(data=data)
+        return resume.TrainState(data=data, world=world)
+    if saved.data == data:
+        resume.check_world(saved, world)
     if saved.data != data:
         progress.note(f"continuing the draft from step {saved.step} on new data")
         # NOTE: one schedule over all chunks when the chunked route sized it (schedule_steps).
         schedule = saved.schedule if driver.get("schedule_steps") else {}
-        return resume.TrainState(step=saved.step, optimizer=saved.optimizer, schedule=schedule, data=data)
+        return resume.TrainState(step=saved.step, optimizer=saved.optimizer, schedule=schedule, data=data, world=world)
     if saved.epoch >= settings.epochs:  # run again after it finished (a second `inv demo`): nothing to train
         progress.note(f"trained before: {settings.epochs} epochs, {saved.step} steps; the saved draft stands")
     else:
         progress.note(f"resuming at epoch {saved.epoch + 1}, batch {saved.position}, step {saved.step}")
-    done = len(files) if saved.epoch > 0 else min(len(files), saved.position * settings.batch_size)
+    done = len(files) if saved.epoch > 0 else min(len(files), saved.position * settings.batch_size * saved.world)
     if done:
         progress.written(done)
     return saved
@@ -407,7 +436,7 @@ def _specforge_job(ctx: StageContext, settings: TrainSettings, extracted: dict[s
         hidden_states=None if online else _states_dir(ctx), output=ctx.output,
         epochs=settings.epochs, batch_size=settings.batch_size, learning_rate=settings.learning_rate,
         max_length=settings.max_length, chat_template=settings.chat_template,
-        ttt_steps=settings.ttt_steps, nproc=settings.nproc, layers=layers,
+        ttt_steps=settings.ttt_steps, nproc=distributed.resolve_nproc(settings.nproc), layers=layers,
         embedding_key=weight_name(path, "embed_tokens.weight") or "model.embed_tokens.weight",
         lm_head_key=weight_name(path, "lm_head.weight") or "lm_head.weight", trust_remote_code=trust,
         server_urls=settings.specforge_server_urls, deployment=settings.specforge_deployment,
@@ -533,6 +562,19 @@ def _each(files: list[Path], progress: Progress):
 
 
 def main() -> None:
+    """The stage as the supervisor starts it: with ``nproc`` > 1 (aerie's engine), it launches that many
+    ranks of itself under torchrun and waits (`remote.eagle3.distributed`); a rank runs the stage."""
+    world = distributed.World.from_env()
+    if not world.is_distributed:
+        nproc = distributed.ranks_for(StageContext.from_env().config)
+        if nproc > 1:
+            raise SystemExit(distributed.launch("remote.stages.train", nproc))
+    elif not world.is_main:
+        try:
+            run(StageContext.from_env(), Progress())
+        except StageInputError:  # rank 0 says why, once
+            raise SystemExit(distributed.REFUSED) from None
+        return
     stages.main("train", run, (StageInputError,))
 
 
