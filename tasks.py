@@ -133,7 +133,7 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
         hosts.raise_failures(hosts.each(lambda host, out: pipeline_run.run(host, out, names, routes[hosts.name_of(host)]),
                                         console()))
         ended = live.follow(hosts.status, console(), hosts.title) if follow else None
-    if ended is not None and any_bad(ended):  # blocked jobs and their failures, and what to do next
+    if ended is not None and pipeline_run.outcome(ended):  # failures, blocked or stopped jobs, and the next step
         raise Exit(f"aerie: {pipeline_run.outcome(ended)}", code=1)
 
 

@@ -98,7 +98,14 @@ def plan(ctx: StageContext) -> ExtractPlan:
 
 def run(ctx: StageContext, progress: Progress, model: Any = None) -> dict[str, Any]:
     """Extract every record of the prep input; `model` is a target already loaded (`load`), kept
-    by the chunked route for all its chunks; None loads it here."""
+    by the chunked route for all its chunks; None: the pipeline's extract session extracts with the target it
+    keeps loaded for every dataset (`remote.orchestration.extract_session`), or, with none, it is loaded here."""
+    if model is None:
+        from remote.orchestration import extract_session
+
+        served = extract_session.request(ctx, progress)
+        if served is not None:
+            return served
     checked = plan(ctx)
     store = ShardStore(ctx.output)
     ctx.output.mkdir(parents=True, exist_ok=True)
