@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import SCRIPTED, Bench, copy_checkout, wait_for
+from tests.pipeline_fixtures import demo_target  # noqa: F401 — a fixture
 from tests.test_pipeline import pipeline_inventory, traces, wait_pipeline
 
 pytestmark = pytest.mark.e2e
@@ -135,3 +136,65 @@ def test_a_stopped_run_ends_stopped_follow_exits_1_and_rerun_failed_finishes_it_
     assert {k: (bench.root / "data" / k).stat().st_mtime_ns for k in outputs} == outputs
     assert jobs["B/infer"]["ended_at"] <= jobs["B/tokenize"]["started_at"]
     assert started_after_needs({**jobs, "_needs": {k: v for k, v in needs_of(bench).items() if k not in done}}) == []
+
+
+NATIVE = ("sharegpt", "openthoughts", "ultrachat", "openai_tools")
+PROMPTS = ("prompts_alpaca", "prompts_problem", "prompts_prompt", "prompts_question")
+
+
+def stored_files(directory: Path) -> dict[str, bytes]:
+    """An extract output's files but its manifest (which says how many seconds it took)."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != "manifest.json"}
+
+
+def extract_alone(bench: Bench, dataset: str, tokens: Path, settings: dict, target: Path, into: Path) -> Path:
+    """Today's per-dataset extraction: the extract stage run on its own, loading the target itself."""
+    import shutil
+
+    from tests.pipeline_fixtures import run_stage, stage_env
+
+    shutil.copytree(tokens, into / "data" / dataset / "prep")
+    env = stage_env(into, "extract", settings, {"target": {"model": str(target)}}, dataset=dataset)
+    result = run_stage("extract", env)
+    assert result.returncode == 0, result.stderr
+    return into / "data" / dataset / "extract"
+
+
+@pytest.mark.timeout(900)  # the real stages of eight datasets, then each extracted again alone, on two busy cores
+def test_four_prompts_and_four_native_datasets_make_one_server_start_and_one_target_load_storing_the_same_states(
+        bench: Bench, demo_target: Path, free_port: int) -> None:  # noqa: F811
+    from tests.test_demo import SAMPLES, demo_inventory
+
+    plans = bench.root.parent / "plans"
+    plans.mkdir()
+    demo_inventory(bench, demo_target, free_port)
+    inventory = bench.checkout / "inventories" / "test.yaml"
+    import yaml
+
+    settings = yaml.safe_load(inventory.read_text())
+    settings["datasets"] = {name: {"source": str(SAMPLES / f"{name}.jsonl"), "kind": "prompts" if name in PROMPTS else "native",
+                                   "sample": str(SAMPLES / f"{name}.jsonl")} for name in (*NATIVE, *PROMPTS)}
+    settings["stages"]["infer"]["max_tokens"] = 8
+    settings["stages"]["train"] = {"command": f"{{python}} {SCRIPTED} {plans}"}  # the extract phase is the point
+    inventory.write_text(yaml.safe_dump(settings))
+    bench.inv("deploy")
+    followed = bench.inv("run", "--follow", check=False, timeout=600)
+    jobs = bench.status()
+    log = pipeline_log(bench)
+    assert followed.returncode == 0 and all(j["state"] == "succeeded" for j in jobs.values()), (jobs, log)
+    assert log.count("server: started") == 1, log
+    assert log.count("target: loaded") == 1, log
+    served = [line for line in log.splitlines() if line.startswith("target: one load served")]
+    assert len(served) == 1 and all(name in served[0] for name in (*NATIVE, *PROMPTS)), log
+    assert "8 dataset(s)" in served[0]
+
+    alone = bench.root.parent / "alone"
+    extract = settings["stages"]["extract"]
+    for name in (*NATIVE, *PROMPTS):
+        tokens = bench.root / "data" / name / ("tokenize" if name in PROMPTS else "prep")
+        by_itself = extract_alone(bench, name, tokens, extract, demo_target, alone)
+        together = bench.root / "data" / name / "extract"
+        assert stored_files(together) == stored_files(by_itself), name
+        kept = json.loads((together / "manifest.json").read_text())
+        assert kept["records"] == jobs[f"{name}/extract"]["records"] > 0
