@@ -10,7 +10,8 @@ Each dataset's extract job still runs under its own supervisor, with its own sta
 and output: its stage (`remote.stages.extract`) finds the session's record (`layout.extract_session`),
 sends its context over the session's socket and turns the Progress calls that come back into its own;
 the shards and manifest it ends with are those it would have written alone. A stage that finds no
-session (none started, or one that has ended) loads the target itself, as before.
+session (none started, or one that has ended) loads the target itself, as before. The stage's side
+is `remote.stages.extract.in_session`.
 
 The socket is an abstract Unix socket (Linux): no path to outgrow `sun_path` or to leave behind.
 One request at a time: the runner starts one GPU job at a time.
@@ -35,16 +36,12 @@ from remote.stages import StageContext
 
 #: The Progress calls a stage makes that travel back to it (`Remote`), each a JSON line.
 CALLS = ("written", "skipped", "resumed", "metrics", "note", "expect", "beat")
-
-
-def context_fields(ctx: StageContext) -> dict[str, Any]:
-    """What the session needs of a stage's context to run the stage as the stage would."""
-    return {"root": str(ctx.root), "release": ctx.release, "dataset": ctx.dataset, "stage": ctx.stage,
-            "source": ctx.source, "kind": ctx.kind, "output": str(ctx.output), "data": str(ctx.data),
-            "config": ctx.config}
+#: The session's address (an abstract Unix socket's name), under this prefix.
+ADDRESS = "aerie-extract"
 
 
 def from_fields(fields: dict[str, Any]) -> StageContext:
+    """The stage's context, from what it sent (`remote.stages.extract.in_session`)."""
     return StageContext(**{**fields, **{k: Path(fields[k]) for k in ("root", "output", "data")}})
 
 
@@ -128,7 +125,7 @@ def answer(session: Session, connection: socket.socket) -> None:
 
 def serve(root: Path) -> None:
     """Listen, record where, and answer requests until SIGTERM (the runner's stop)."""
-    address = f"\0aerie-extract-{os.getpid()}-{secrets.token_hex(4)}"
+    address = f"\0{ADDRESS}-{os.getpid()}-{secrets.token_hex(4)}"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(4)
@@ -213,39 +210,6 @@ class Handle:
                 process.wait()
         layout.extract_session(self.root).unlink(missing_ok=True)
         return process.pid
-
-
-# -- the stage's side ------------------------------------------------------------
-
-
-def request(ctx: StageContext, progress: Any) -> dict[str, Any] | None:
-    """The manifest of `ctx`'s extraction by the pipeline's session; None where no session answers."""
-    from remote.control_plane.progress import read_json
-
-    record = read_json(layout.extract_session(ctx.root))
-    if not isinstance(record, dict) or not record.get("address"):
-        return None
-    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        client.connect("\0" + record["address"])
-    except OSError:
-        client.close()
-        return None  # a session that has ended: the stage loads the target itself
-    progress.note(f"extracting in the pipeline's session (pid {record.get('pid')}): the target is loaded once")
-    with client, client.makefile("rwb") as stream:
-        stream.write((json.dumps(context_fields(ctx)) + "\n").encode())
-        stream.flush()
-        for line in stream:
-            message = json.loads(line)
-            if "call" in message:
-                getattr(progress, message["call"])(*message["args"], **message["kwargs"])
-            elif "done" in message:
-                return message["done"]
-            elif "refusal" in message:
-                raise StageInputError(message["refusal"])
-            else:
-                raise SystemExit(f"extract: the pipeline's session failed: {message.get('error')}; its log is the pipeline's")
-    raise SystemExit("extract: the pipeline's session ended before this extraction did; see `inv logs pipeline`")
 
 
 if __name__ == "__main__":
