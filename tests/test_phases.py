@@ -138,6 +138,23 @@ def test_a_stopped_run_ends_stopped_follow_exits_1_and_rerun_failed_finishes_it_
     assert started_after_needs({**jobs, "_needs": {k: v for k, v in needs_of(bench).items() if k not in done}}) == []
 
 
+def test_a_stop_of_one_job_of_the_run_stops_the_run_and_lets_what_runs_end(bench: Bench, free_port: int) -> None:
+    plans = bench.root.parent / "plans"
+    pipeline_inventory(bench, plans, free_port, {"A": "native", "B": "prompts"})
+    (plans / "A.prep").write_text("records=20 sleep=1")  # still running when B/infer is stopped
+    (plans / "B.infer").write_text("records=20 sleep=0.5")
+    bench.inv("deploy")
+    bench.inv("run")
+    bench.wait_state("B/infer", {"running"}, timeout=60)
+    bench.inv("stop", "-d", "B", "--stage", "infer")
+    jobs = wait_pipeline(bench)
+    states = {k: j["state"] for k, j in jobs.items()}
+    assert states["pipeline/run"] == "stopped" and states["B/infer"] == "stopped", states
+    assert states["A/prep"] == "succeeded"  # running when the run stopped: it ended on its own
+    assert states["A/extract"] == states["B/tokenize"] == states["draft/train"] == "stopped", states
+    assert "not started: B/infer stopped by inv stop" in jobs["B/tokenize"]["message"]
+
+
 NATIVE = ("sharegpt", "openthoughts", "ultrachat", "openai_tools")
 PROMPTS = ("prompts_alpaca", "prompts_problem", "prompts_prompt", "prompts_question")
 
