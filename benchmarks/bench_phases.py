@@ -6,8 +6,8 @@ inference server, and ten datasets of the shipped samples (six native, four prom
 pipeline's log and the jobs' logs:
 
 - ``server_starts``: ``server: started`` lines of the runner;
-- ``target_loads``: loads of the target's weights by the extract jobs or the runner's extract
-  session (transformers' ``Loading weights`` line, one per load);
+- ``target_loads``: loads of the target's weights: an extract job's own (transformers' ``Loading
+  weights`` in its log) and the runner's extract session's (``target: loaded`` in the pipeline's);
 
 and the pipeline's wall seconds (the runner's start to its end, from its state). Run from another
 checkout (``git archive`` of an earlier commit, with this file copied in) it gives the figures before.
@@ -16,6 +16,7 @@ checkout (``git archive`` of an earlier commit, with this file copied in) it giv
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import tempfile
@@ -54,11 +55,12 @@ def inventory(bench: Any, target: Path, port: int) -> None:
 def count(root: Path) -> dict[str, Any]:
     jobs = root / "jobs"
     pipeline = (jobs / "pipeline" / "run" / "log").read_text(errors="replace")
-    logs = [pipeline] + [p.read_text(errors="replace") for p in jobs.glob("*/extract/log")]
+    extracts = [p.read_text(errors="replace") for p in jobs.glob("*/extract/log")]
     runner = json.loads((jobs / "pipeline" / "run" / "state.json").read_text())
     states = {f"{p.parent.parent.name}/{p.parent.name}": json.loads(p.read_text())["state"] for p in jobs.glob("*/*/state.json")}
     return {"server_starts": pipeline.count("server: started"),
-            "target_loads": sum(1 for log in logs for line in log.splitlines() if "Loading weights" in line),
+            # a load of its own in an extract job's log, or one of the runner's extract session
+            "target_loads": sum("Loading weights" in log for log in extracts) + pipeline.count("target: loaded"),
             "wall_seconds": round(runner["ended_at"] - runner["started_at"], 1),
             "succeeded": sum(state == "succeeded" for state in states.values()), "jobs": len(states)}
 
@@ -69,7 +71,7 @@ def run() -> dict[str, Any]:
     from remote.demo.tiny_tokenizer import build_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp)
+        base = Path(os.environ.get("AERIE_BENCH_KEEP") or tmp)  # a directory to keep, to read the logs after
         target = base / "target"
         build_tokenizer(target)
         tiny_model.main([str(target), "--tokenizer", str(target), "--recite", tiny_model.DEMO_RECITAL])

@@ -112,12 +112,14 @@ def answer(session: Session, connection: socket.socket) -> None:
             remote.send({"refusal": str(exc)})
             return
         except (BrokenPipeError, ConnectionResetError):
-            print("target: a stage left before its extraction ended (stopped)", flush=True)
+            print(f"target: the stage of {json.loads(line).get('dataset')} ended before its extraction did", flush=True)
+            session.close()  # NOTE: the engine may be mid-request (the capture's workers): the next one loads anew
             return
         except Exception as exc:  # noqa: BLE001 — the stage fails with it; the session serves the next
             import traceback
 
             traceback.print_exc()
+            session.close()
             remote.send({"error": f"{type(exc).__name__}: {exc}"})
             return
         remote.send({"done": manifest})
