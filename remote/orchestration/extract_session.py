@@ -68,6 +68,7 @@ class Session:
         self.extractor: Any = None
         self.key: Any = None
         self.served: list[str] = []
+        self.busy = False  # a request is being served: a stop ends the engine mid-request
 
     def extract(self, ctx: StageContext, progress: Any) -> dict[str, Any]:
         from remote.orchestration import resident
@@ -77,18 +78,21 @@ class Session:
             self.close()  # another target or engine: this load serves no more
         if self.extractor is None:
             self.extractor, self.key = resident.Extractor(ctx, ctx.stage_config), key
-        loads = self.extractor.loads
+        loads, self.busy = self.extractor.loads, True
         manifest = self.extractor.run_stage(ctx, progress)
+        self.busy = False  # NOTE: not on the way out of a stop or a failure: `close` must abort the engine then
         if self.extractor.loads > loads:
             print(f"target: loaded {Path(key[0]).name} (engine {key[1]}) for {ctx.dataset}", flush=True)
         self.served.append(ctx.dataset)
         return manifest
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
+        """Let the target go; `abort`: now, even mid-request (a stage that has ended must not have its output
+        written on behind it)."""
         if self.extractor is not None:
-            self.extractor.close()
+            self.extractor.close(abort or self.busy)
             print(f"target: one load served {len(self.served)} dataset(s): {', '.join(self.served) or 'none'}", flush=True)
-        self.extractor, self.served = None, []
+        self.extractor, self.served, self.busy = None, [], False
 
 
 def load_key(ctx: StageContext) -> tuple[Any, ...]:
@@ -113,13 +117,13 @@ def answer(session: Session, connection: socket.socket) -> None:
             return
         except (BrokenPipeError, ConnectionResetError):
             print(f"target: the stage of {json.loads(line).get('dataset')} ended before its extraction did", flush=True)
-            session.close()  # NOTE: the engine may be mid-request (the capture's workers): the next one loads anew
+            session.close(abort=True)  # NOTE: the engine may be mid-request (the capture's workers)
             return
         except Exception as exc:  # noqa: BLE001 — the stage fails with it; the session serves the next
             import traceback
 
             traceback.print_exc()
-            session.close()
+            session.close(abort=True)
             remote.send({"error": f"{type(exc).__name__}: {exc}"})
             return
         remote.send({"done": manifest})
@@ -139,7 +143,7 @@ def serve(root: Path) -> None:
             connection, _ = listener.accept()
             answer(session, connection)
     finally:
-        session.close()
+        session.close(abort=session.busy)
         listener.close()
 
 

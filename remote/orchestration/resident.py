@@ -107,12 +107,12 @@ class Extractor:
             self.loads += 1
         return extract.run(stage, progress, model=self.model)
 
-    def close(self) -> None:
-        """Let the target go (the SGLang capture's workers end)."""
+    def close(self, abort: bool = False) -> None:
+        """Let the target go (the SGLang capture's workers end; `abort`: now, even mid-request)."""
         from remote.stages import extract
 
         if self.model is not None:
-            extract.close(self.model)
+            extract.close(self.model, abort)
         self.model = None
 
 

@@ -206,9 +206,10 @@ def fill(checked: ExtractPlan, model: Any, prep: Path, store: ShardStore, progre
                    checked.batch_size, best_device(), progress)
 
 
-def close(model: Any) -> None:
-    """Let go of what `load` returned: the SGLang workers end; a transformers model is left to the collector."""
-    getattr(model, "close", lambda: None)()
+def close(model: Any, abort: bool = False) -> None:
+    """Let go of what `load` returned: the SGLang workers end (`abort`: now, even mid-request); a transformers
+    model is left to the collector."""
+    getattr(model, "abort" if abort else "close", lambda: None)()
 
 
 def _fingerprint(checked: ExtractPlan) -> dict[str, Any]:
