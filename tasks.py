@@ -163,7 +163,7 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
                                         console()))
         with on_interrupt(goes_on(inventory)):  # NOTE: the end of the run is the block's own: only Ctrl-C here
             ended = live.follow(hosts.status, console(), hosts.title) if follow else None
-    if ended is not None and any_bad(ended):  # blocked jobs and their failures, and what to do next
+    if ended is not None and pipeline_run.outcome(ended):  # failures, blocked or stopped jobs, and the next step
         raise Exit(f"aerie: {pipeline_run.outcome(ended)}", code=1)
 
 

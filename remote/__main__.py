@@ -79,7 +79,13 @@ def run(args: dict[str, Any]) -> Any:
                  | ({"server": stage.get("server")} if node["server"] else {})
                  for index, node in enumerate(plan)]
         return {"queued": submit_in_order(root, specs)}
-    return {"runner": jobs.launch(root, spec)}
+    result = jobs.launch(root, spec)
+    if result["launched"]:
+        from remote.orchestration import runner  # here: only a run needs it
+
+        # NOTE: before the answer: the first frame the workstation draws shows this run's jobs, queued.
+        runner.queue(root, plan, JobStore(root).read(layout.runner_dir(root)).state)
+    return {"runner": result}
 
 
 def submit_in_order(root: Path, specs: list[dict[str, Any]], only: set[JobState] | None = None,
@@ -133,6 +139,7 @@ def rerun(args: dict[str, Any]) -> Any:
     described = {layout.key_of(d): job for d, job in zip(selected, jobs.describe_all(root, selected, time.time()))}
     planned = pipeline_keys(root)
     bad = {key for key, job in described.items() if JobState(job["state"]) in only or job.get("blocked_by")}
+    bad |= stopped_run(root)
     # NOTE: asked for only when a pipeline's job is to run again: other reruns stay one command.
     if args.get("rebuild") and runner is None and any(_in_pipeline(root, key, planned) for key in bad):
         run = last_run(args)
@@ -140,7 +147,7 @@ def rerun(args: dict[str, Any]) -> Any:
             return {"rebuild": run}
     if any(_executor(d, fresh).queues for d in selected):
         return rerun_in_order(root, selected, described, only, fresh, runner)
-    bad = {key for key, job in described.items() if JobState(job["state"]) in only}
+    bad = {key for key, job in described.items() if JobState(job["state"]) in only} | stopped_run(root)
     results = []
     if bad & (planned | {layout.RUNNER_KEY}):
         results.append(resume_pipeline(root, runner))
@@ -154,6 +161,15 @@ def rerun(args: dict[str, Any]) -> Any:
         return {**jobs.launch(root, spec, only=only), "changes": {layout.key_of(directory): _changes(stored, spec)}}
 
     return results + each(relaunch, [d for d in selected if layout.key_of(d) not in planned | {layout.RUNNER_KEY}])
+
+
+def stopped_run(root: Path) -> set[str]:
+    """The jobs a stopped pipeline left to do (the runner, and its jobs stopped or never started): `inv rerun
+    --failed` continues that run; none where the runner has not ended `stopped`."""
+    planned = pipeline_keys(root)
+    if not planned or _state(layout.runner_dir(root)) != JobState.STOPPED:
+        return set()
+    return {layout.RUNNER_KEY} | {key for key in planned if _state(layout.key_dir(root, key)) == JobState.STOPPED}
 
 
 def _in_pipeline(root: Path, key: str, planned: set[str]) -> bool:

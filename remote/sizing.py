@@ -218,7 +218,8 @@ def costs(result: dict[str, Any], args: dict[str, Any]) -> dict[str, dict[str, A
     tokens, epochs, passes = result["tokens"], int(args.get("epochs") or 1), int(args.get("passes") or args.get("epochs") or 1)
     chunks = max(int(result.get("chunks") or 0), math.ceil(result["stored_bytes"] / max(result["usable_bytes"], 1)))
     routes = {
-        "offline": {"target_loads": len(result["datasets"]), "passes": 1},
+        # the built-in extract stage of every dataset shares one load (the runner's extract session)
+        "offline": {"target_loads": 1 if args.get("resident", True) else len(result["datasets"]), "passes": 1},
         # a configured extract command is a process per chunk and pass; the built-in stage stays loaded
         "chunked": {"target_loads": 1 if args.get("resident", True) else chunks * passes, "passes": passes},
         "online": {"target_loads": 1, "passes": epochs},  # SGLang serves the target; every epoch reads it again

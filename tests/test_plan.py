@@ -129,6 +129,10 @@ def test_inv_plan_and_inv_run_s_refusal_through_the_real_tasks(tmp_path: Path) -
     assert result["datasets"][0]["records"] == 88_000 and result["datasets"][0]["basis"] == "estimate"
     assert result["bytes_per_token"] == KIMI_BYTES_PER_TOKEN and result["disk_budget"] == 100 * 2**30
     assert result["route"] == "chunked"  # 88,000 short chats: ~0.6 TB at 57 KB a token
+    # the loads the run makes: no prompts dataset, no server start; one target load for every extract
+    assert result["loads"] == {"server_starts": 0, "infer_jobs": 0, "target_loads": 1, "route": "offline"}
+    shown = bench.inv("plan", check=False).stdout
+    assert "loads in `inv run`: no inference server start, 1 target load(s) on the offline route" in shown
 
     refused = bench.inv("run", check=False)
     assert refused.returncode == 2
@@ -184,9 +188,12 @@ def test_each_route_s_cost_is_the_target_s_loads_and_forward_passes_and_the_time
     costs = sizing.plan(base)["costs"]
 
     assert sizing.plan(base)["route"] == "chunked"
-    assert costs["offline"] == {"target_loads": 2, "passes": 1, "forward_tokens": 264_000_000,
+    # one load for every dataset's extract (the runner's extract session), each record read once
+    assert costs["offline"] == {"target_loads": 1, "passes": 1, "forward_tokens": 264_000_000,
                                 "trained_tokens": 2_640_000_000, "hours": None}
-    assert costs["chunked"] == {**costs["offline"], "target_loads": 1}  # loaded once, each record read once
+    assert costs["chunked"] == costs["offline"]  # loaded once, each record read once
+    # an extract command of the user's own loads the target once per dataset
+    assert sizing.plan({**base, "resident": False})["costs"]["offline"]["target_loads"] == 2
     assert costs["online"]["forward_tokens"] == 2_640_000_000  # the served target reads every record every epoch
     # re-extracting every epoch, through an extract command that loads the target itself each time
     again = sizing.plan({**base, "passes": 10, "resident": False})["costs"]["chunked"]

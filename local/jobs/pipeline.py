@@ -124,3 +124,13 @@ def runner_spec(inventory: Inventory, datasets: list[str] | None, route: str) ->
              "notify": notify_settings(inventory)}
     # NOTE: stall_after: it beats every tick; waiting on a long job is not a stall.
     return job_spec(RUNNER, RUNNER_STAGE, {"stage": stage}, command=None, stall_after=10 ** 9, executor="process")
+
+
+def loads(inventory: Inventory, plan: dict[str, Any]) -> dict[str, Any]:
+    """What a run loads onto the GPUs (`inv plan`), from the host's `plan`: the inference server's starts (one
+    for every infer job, where aerie starts it) and the target's loads on the route that run takes."""
+    prompts = [name for name, d in inventory.datasets.items() if d.kind == "prompts"]
+    route = inventory.stages.extract.route if inventory.stages.extract.route != "auto" else plan.get("route")
+    cost = (plan.get("costs") or {}).get(route or "offline") or {}
+    return {"server_starts": int(bool(prompts and inventory.stages.infer.server_command)), "infer_jobs": len(prompts),
+            "target_loads": cost.get("target_loads"), "route": route or "offline"}

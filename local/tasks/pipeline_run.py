@@ -13,7 +13,7 @@ from local.tasks import deployment, job_verbs
 from local.views import live, status_data
 from local.visible import visible
 from remote.control_plane import hints
-from remote.control_plane.states import DRAFT, RUNNER, JobState
+from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, JobState
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -44,8 +44,23 @@ def run(host: RemoteHost, console: Console, datasets: list[str] | None, route: s
 
 
 def outcome(state: dict[str, Any]) -> str:
-    """Why the run did not succeed and the next step, in one line shown as it is (names come from the host)."""
-    return visible(status_data.outcome(state))
+    """Why the run did not succeed and the next step, in one line shown as it is (names come from the host);
+    "" when it did."""
+    return visible(status_data.outcome(state) or stopped(state))
+
+
+def stopped(state: dict[str, Any]) -> str:
+    """What a stopped run stopped, and how it goes on ("" unless its runner ended `stopped`)."""
+    runner = [j for j in state["jobs"] if (j["dataset"], j["stage"]) == (RUNNER, RUNNER_STAGE)]
+    if not runner or runner[0]["state"] != JobState.STOPPED.value:
+        return ""
+    halted = [j for j in status_data.in_pipeline_order(state["jobs"])
+              if j["state"] == JobState.STOPPED.value and (j["dataset"], j["stage"]) != (RUNNER, RUNNER_STAGE)]
+    ran = [status_data.job_name(j) for j in halted if j.get("started_at")]
+    never = [status_data.job_name(j) for j in halted if not j.get("started_at")]
+    parts = ([f"{', '.join(ran)} stopped"] if ran else []) + ([f"{len(never)} not started: {', '.join(never)}"] if never else [])
+    return (f"the run was stopped: {'; '.join(parts) or 'its runner'}. `inv rerun --failed` continues it "
+            "(what succeeded is kept); `inv run` starts it afresh")
 
 
 def demo(host: RemoteHost, console: Console) -> dict[str, Any]:

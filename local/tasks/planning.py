@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from local.jobs import specs
+from local.jobs import pipeline, specs
 from local.validation import samples
 from local.exceptions import AerieError
 from local.host.verbs import RemoteHost
@@ -78,6 +78,7 @@ def ask(host: RemoteHost, names: list[str] | None = None) -> dict[str, Any]:
 
 def show(host: RemoteHost, console: Console, as_json: bool = False) -> dict[str, Any]:
     result = ask(host)
+    result["loads"] = pipeline.loads(host.inventory, result)
     if as_json:
         print(json.dumps(result, indent=2))
         return result

@@ -30,6 +30,8 @@ def show(result: dict[str, Any], console: Console, title: str) -> None:
     if result["route"]:
         chunks = f" in about {result['chunks']} chunks" if result["route"] == "chunked" else ""
         console.print(f"route that fits: [bold]{result['route']}[/]{chunks} (configured: {result['configured_route']})")
+    if result.get("loads"):
+        console.print(loads_text(result["loads"]))
     if result.get("costs"):
         console.print(costs_table(result))
     if result.get("extract_engines"):
@@ -41,6 +43,14 @@ def show(result: dict[str, Any], console: Console, title: str) -> None:
             console.print(f"[bold red]{escape(why)}[/]")
     for problem in result.get("refusals", []):  # what `inv run` refuses to start on
         console.print(f"[bold red]cannot run: {escape(problem)}[/]")
+
+
+def loads_text(loads: dict[str, Any]) -> str:
+    """The loads `inv run` makes: the inference server's starts, the target's (for extract, or its route's)."""
+    server = (f"{loads['server_starts']} inference server start for {loads['infer_jobs']} infer job(s)"
+              if loads["server_starts"] else "no inference server start")
+    target = "?" if loads["target_loads"] is None else f"{loads['target_loads']:,}"
+    return f"loads in `inv run`: {server}, {target} target load(s) on the {escape(loads['route'])} route"
 
 
 def costs_table(result: dict[str, Any]) -> Table:

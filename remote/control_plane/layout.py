@@ -4,6 +4,7 @@
 
     <root>/jobs/<dataset>/<stage>/   a job's files (remote.control_plane.store reads and checks them)
     <root>/jobs/pipeline/server.json the inference server `inv run`'s runner manages (and server.log)
+    <root>/jobs/pipeline/extract-session.json  the target loaded once for its extract jobs
     <root>/data/<dataset>/           where a dataset's stages write, one directory per stage
     <root>/data/<dataset>/<stage>/   a stage's output (AERIE_OUTPUT), read by the stages after it
 
@@ -74,6 +75,12 @@ def runner_dir(root: Path) -> Path:
 def server_record(root: Path) -> Path:
     """The record of the inference server `inv run`'s runner manages; its log is beside it (`SERVER_LOG`)."""
     return jobs_dir(root) / RUNNER / SERVER_RECORD
+
+
+def extract_session(root: Path) -> Path:
+    """Where the extract phase's session of `inv run`'s runner (`remote.orchestration.extract_session`) says
+    where it listens, while it runs."""
+    return jobs_dir(root) / RUNNER / "extract-session.json"
 
 
 def data_root(root: Path) -> Path:

@@ -207,7 +207,8 @@ class Supervisor:
     def _finish(self, state: dict[str, Any], exit_code: int) -> JobState:
         progress = read_mapping(self.directory / PROGRESS)
         records = progress.get("records", 0) if isinstance(progress.get("records"), int) else 0
-        ended = end_state(exit_code, records, self.stopping, self.signalled)
+        # NOTE: a stop requested without a signal is the stage's own (the pipeline runner stopped with a job of it).
+        ended = end_state(exit_code, records, self.stopping or (self.directory / STOP).exists(), self.signalled)
         no_space = False
         if ended != JobState.SUCCEEDED:
             log = self.directory / LOG

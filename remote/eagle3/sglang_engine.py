@@ -137,6 +137,16 @@ class Workers:
             elif kind == "note":
                 progress.note(event["message"])
 
+    def abort(self) -> None:
+        """End the workers now, mid-request: torchrun passes SIGTERM on to them; killed after half a minute."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
     def close(self) -> None:
         """End of requests: the workers end; killed if they do not within a minute."""
         if self.process.poll() is None:

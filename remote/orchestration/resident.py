@@ -92,16 +92,28 @@ class Extractor:
         self.loads = 0
 
     def run(self, prep: Path, output: Path, relay: Relay) -> None:
+        output.mkdir(parents=True, exist_ok=True)
+        self.run_stage(sub_context(self.ctx, "extract", self.settings, output, [prep]), relay)
+
+    def run_stage(self, stage: StageContext, progress: Any) -> dict[str, Any]:
+        """The extract stage over `stage`'s input with the kept target (loaded here on the first call);
+        its manifest. Also the pipeline's extract session's, for dataset after dataset."""
         from remote.eagle3.target import best_device
         from remote.stages import extract
 
-        stage = sub_context(self.ctx, "extract", self.settings, output, [prep])
         if self.model is None:
             checked = extract.plan(stage)
-            self.model = while_beating(lambda: extract.load(checked, best_device(), relay), relay.beat)
+            self.model = while_beating(lambda: extract.load(checked, best_device(), progress), progress.beat)
             self.loads += 1
-        output.mkdir(parents=True, exist_ok=True)
-        extract.run(stage, relay, model=self.model)  # type: ignore[arg-type]
+        return extract.run(stage, progress, model=self.model)
+
+    def close(self, abort: bool = False) -> None:
+        """Let the target go (the SGLang capture's workers end; `abort`: now, even mid-request)."""
+        from remote.stages import extract
+
+        if self.model is not None:
+            extract.close(self.model, abort)
+        self.model = None
 
 
 class Trainer:

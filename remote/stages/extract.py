@@ -31,6 +31,7 @@ keeps the complete shards and redoes a torn one.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -46,7 +47,8 @@ from remote.eagle3.prep_input import read_manifest, read_records
 from remote.eagle3.shards import ShardStore
 from remote.eagle3 import target_memory
 from remote.eagle3.target import TargetShape, best_device, read_shape, target_settings
-from remote.control_plane.progress import Progress, write_json_atomic
+from remote.control_plane import layout
+from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote import stages
 from remote.stages import StageContext
 
@@ -98,7 +100,12 @@ def plan(ctx: StageContext) -> ExtractPlan:
 
 def run(ctx: StageContext, progress: Progress, model: Any = None) -> dict[str, Any]:
     """Extract every record of the prep input; `model` is a target already loaded (`load`), kept
-    by the chunked route for all its chunks; None loads it here."""
+    by the chunked route for all its chunks; None: the pipeline's extract session extracts with the target it
+    keeps loaded for every dataset (`remote.orchestration.extract_session`), or, with none, it is loaded here."""
+    if model is None:
+        served = in_session(ctx, progress)
+        if served is not None:
+            return served
     checked = plan(ctx)
     store = ShardStore(ctx.output)
     ctx.output.mkdir(parents=True, exist_ok=True)
@@ -140,6 +147,40 @@ def run(ctx: StageContext, progress: Progress, model: Any = None) -> dict[str, A
     return manifest
 
 
+def in_session(ctx: StageContext, progress: Progress) -> dict[str, Any] | None:
+    """The manifest of this extraction made by the pipeline's extract session with the target it keeps loaded
+    (`remote.orchestration.extract_session`: this stage's context out, its Progress calls and then its manifest
+    back, a JSON line each); None where no session answers (none started, or one that has ended)."""
+    import socket
+
+    record = read_json(layout.extract_session(ctx.root))
+    if not isinstance(record, dict) or not record.get("address"):
+        return None
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client.connect("\0" + record["address"])
+    except OSError:
+        client.close()
+        return None
+    progress.note(f"extracting in the pipeline's extract session (pid {record.get('pid')}): the target is loaded once")
+    fields = {"root": str(ctx.root), "release": ctx.release, "dataset": ctx.dataset, "stage": ctx.stage,
+              "source": ctx.source, "kind": ctx.kind, "output": str(ctx.output), "data": str(ctx.data), "config": ctx.config}
+    with client, client.makefile("rwb") as stream:
+        stream.write((json.dumps(fields) + "\n").encode())
+        stream.flush()
+        for line in stream:
+            message = json.loads(line)
+            if "call" in message:
+                getattr(progress, message["call"])(*message["args"], **message["kwargs"])
+            elif "done" in message:
+                return message["done"]
+            elif "refusal" in message:
+                raise StageInputError(message["refusal"])
+            else:
+                raise SystemExit(f"extract: the extract session failed: {message.get('error')}; see `inv logs pipeline --stage run`")
+    raise SystemExit("extract: the extract session ended before this extraction did; see `inv logs pipeline --stage run`")
+
+
 def load(checked: ExtractPlan, device: str | None, progress: Progress) -> Any:
     """The target `checked` names, loaded by its engine: the SGLang capture's workers over the host's GPUs
     (sglang), or a transformers model on `device` (hf; None: the best there is) once its headers show it
@@ -165,9 +206,10 @@ def fill(checked: ExtractPlan, model: Any, prep: Path, store: ShardStore, progre
                    checked.batch_size, best_device(), progress)
 
 
-def close(model: Any) -> None:
-    """Let go of what `load` returned: the SGLang workers end; a transformers model is left to the collector."""
-    getattr(model, "close", lambda: None)()
+def close(model: Any, abort: bool = False) -> None:
+    """Let go of what `load` returned: the SGLang workers end (`abort`: now, even mid-request); a transformers
+    model is left to the collector."""
+    getattr(model, "abort" if abort else "close", lambda: None)()
 
 
 def _fingerprint(checked: ExtractPlan) -> dict[str, Any]:
