@@ -68,8 +68,26 @@ def launch(args: dict[str, Any]) -> Any:
 
 def run(args: dict[str, Any]) -> Any:
     """`inv run`: the plan under the pipeline runner (a job itself), or, where the executor queues jobs
-    itself (Slurm), every job queued at once after the jobs it needs (`queued`)."""
+    itself (Slurm), every job queued at once after the jobs it needs (`queued`).
+
+    Its up-to-date jobs are left out (`up_to_date`; all of them run with `force`), and it says why each
+    succeeded job it runs again is out of date (`out_of_date`, `remote.control_plane.freshness`); with
+    nothing out of date, no runner starts (`runner`: None)."""
+    from remote.control_plane import freshness
+
     root, spec = Path(args["root"]), args["spec"]
+    stage = spec["config"]["stage"]
+    current: list[str] = []
+    stale: dict[str, Any] = {}
+    if not args.get("force"):
+        stage["plan"], current, stale = freshness.prune(root, stage["plan"])
+    found = {"up_to_date": current, "out_of_date": stale}
+    if not stage["plan"]:
+        return {"runner": None, **found}
+    return {**_start_pipeline(root, spec), **found}
+
+
+def _start_pipeline(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
     stage = spec["config"]["stage"]
     plan = stage["plan"]
     if plan and all(executors.for_spec(node["spec"]).queues for node in plan):
