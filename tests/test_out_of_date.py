@@ -232,3 +232,46 @@ def test_a_new_measurement_that_fails_leaves_the_last_report_as_it_was(
     assert failed.returncode != 0 and "draft 'gone': no draft at" in failed.stdout + failed.stderr
     assert bench.poll()["draft/eval"]["state"] == "failed"
     assert (report.read_bytes(), beside.read_bytes()) == kept
+
+
+# -- `inv run` end to end, every stage scripted (as tests/test_pipeline.py runs them) ----------------------------
+
+
+@pytest.mark.e2e
+def test_inv_run_runs_again_only_what_is_out_of_date_and_force_runs_every_job(bench: object, free_port: int) -> None:
+    from tests.test_pipeline import pipeline_inventory, traces, wait_pipeline
+
+    plans = bench.root.parent / "plans"
+    pipeline_inventory(bench, plans, free_port, {"A": "native"})
+    bench.inv("deploy")
+    bench.inv("run")
+    assert wait_pipeline(bench)["pipeline/run"]["state"] == "succeeded"
+    first = traces(plans)
+
+    again = bench.inv("run", "--follow")
+    assert "is up to date: its 3 jobs succeeded with these settings" in " ".join(again.stdout.split())
+    assert traces(plans) == first, "an up-to-date job ran again"
+
+    edit_stage(bench, "extract", shard_size=500)
+    edited = " ".join(bench.inv("run").stdout.split())
+    assert "up to date, not run again: A/prep" in edited and "3 jobs: 2 and the runner" in edited, edited
+    assert "A/extract is out of date: stages.extract.shard_size 1000 -> 500" in edited
+    assert "draft/train is out of date: it reads A/extract, which is newer or runs again" in edited
+    assert wait_pipeline(bench)["pipeline/run"]["state"] == "succeeded"
+    second = traces(plans)
+    assert second["A.prep"] == first["A.prep"]
+    assert second["A.extract"]["start"] > first["draft.train"]["end"] and second["draft.train"] != first["draft.train"]
+
+    forced = bench.inv("run", "--force")
+    assert "up to date" not in forced.stdout and "4 jobs: 3 and the runner" in " ".join(forced.stdout.split())
+    assert wait_pipeline(bench)["pipeline/run"]["state"] == "succeeded"
+    assert all(traces(plans)[job]["start"] > second["draft.train"]["end"] for job in ("A.prep", "A.extract", "draft.train"))
+
+
+def edit_stage(bench: object, stage: str, **settings: object) -> None:
+    import yaml
+
+    path = bench.checkout / "inventories" / "test.yaml"
+    document = yaml.safe_load(path.read_text())
+    document["stages"].setdefault(stage, {}).update(settings)
+    path.write_text(yaml.safe_dump(document))
