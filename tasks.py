@@ -58,11 +58,11 @@ def launch(c: Context, stage: str, dataset: str | None = None, inventory: str | 
             "watch": "refresh the table in place every N seconds (Ctrl-C ends)"})
 def status(c: Context, inventory: str | None = None, json: bool = False, watch: str = "") -> None:
     """Every job's state, records, rate and last line, from one remote command per host."""
-    from local.tasks import status_query
+    from local.tasks import out_of_date, status_query
 
     every = number(watch, "--watch", float) if watch else 0.0
     with fleet(inventory_name(c, inventory)) as hosts:
-        state = status_query.status(hosts.status, console(), hosts.title, as_json=json, watch=every)
+        state = status_query.status(out_of_date.marked(hosts), console(), hosts.title, as_json=json, watch=every)
     if any_bad(state):
         raise Exit(code=1)
 

@@ -25,8 +25,11 @@ if TYPE_CHECKING:
 
 def status(args: dict[str, Any]) -> Any:
     root = Path(args["root"])
+    from remote.control_plane import freshness
+
     query = gpus.Query()  # nvidia-smi answers while the jobs are read
-    return gpus.annotate(root, eta.annotate(root, jobs.status(root)), query)  # time left and GPUs: one round trip
+    state = freshness.annotate(root, eta.annotate(root, jobs.status(root)))  # what is newer than each job's run
+    return gpus.annotate(root, state, query)  # time left and GPUs: one round trip
 
 
 def each(work: Callable[[Any], Any], items: list[Any], threads: int = 8) -> list[Any]:

@@ -195,8 +195,10 @@ def test_inv_eval_measures_an_edited_grid_and_says_an_unchanged_one_is_up_to_dat
     setup = eval_inventory(bench, tmp_path, free_port, accept=0.8, grid=GRID[:1])
     bench.inv("eval", timeout=120)
     assert measured_steps(setup["journal"]) == {1}
+    assert "out_of_date" not in bench.status()["draft/eval"]
 
     edit_eval(bench, grid=GRID[1:2])
+    assert bench.status()["draft/eval"]["out_of_date"] == "settings changed"
     edited = bench.inv("eval", timeout=120)
 
     said = " ".join(edited.stdout.split())
@@ -253,6 +255,10 @@ def test_inv_run_runs_again_only_what_is_out_of_date_and_force_runs_every_job(be
     assert traces(plans) == first, "an up-to-date job ran again"
 
     edit_stage(bench, "extract", shard_size=500)
+    marks = {key: job.get("out_of_date") for key, job in bench.status().items()}
+    assert marks == {"A/prep": None, "A/extract": "settings changed", "draft/train": "A/extract is out of date",
+                     "pipeline/run": None}
+    assert "out of date (settings changed)" in bench.inv("status").stdout
     edited = " ".join(bench.inv("run").stdout.split())
     assert "up to date, not run again: A/prep" in edited and "3 jobs: 2 and the runner" in edited, edited
     assert "A/extract is out of date: stages.extract.shard_size 1000 -> 500" in edited
@@ -275,3 +281,33 @@ def edit_stage(bench: object, stage: str, **settings: object) -> None:
     document = yaml.safe_load(path.read_text())
     document["stages"].setdefault(stage, {}).update(settings)
     path.write_text(yaml.safe_dump(document))
+
+
+def test_status_marks_a_job_whose_settings_changed_what_reads_a_newer_output_and_what_comes_after_them(tmp_path: Path) -> None:
+    from local.tasks.out_of_date import mark
+    from remote.control_plane.spec_changes import fingerprint
+
+    before, after = inventory(tmp_path / "a"), inventory(tmp_path / "a", layers=[1, 2, 3])
+    ran = {n["key"]: fingerprint(n["spec"]) for n in plan_of(before)}
+    jobs = [{"dataset": key.split("/")[0], "stage": key.split("/")[1], "state": "succeeded", "fingerprint": ran[key]}
+            for key in ran] + [{"dataset": "pipeline", "stage": "run", "state": "succeeded",
+                                "built_from": {"datasets": ["A1"], "route": "offline"}}]
+
+    mark(jobs, before)
+    assert [j.get("out_of_date") for j in jobs] == [None, None, None, None]
+
+    mark(jobs, after)
+    assert [j.get("out_of_date") for j in jobs] == [None, "settings changed", "A1/extract is out of date", None]
+
+    newer = {**{k: v for k, v in jobs[0].items() if k != "out_of_date"}, "newer_inputs": ["/d/a.jsonl"]}
+    failed = {**{k: v for k, v in jobs[1].items() if k != "out_of_date"}, "state": "failed", "fingerprint": "x"}
+    mark([newer, failed], before)
+    assert newer["out_of_date"] == "/d/a.jsonl is newer" and "out_of_date" not in failed  # only a success is dated
+
+
+def test_the_status_table_says_out_of_date_in_the_last_column() -> None:
+    from local.views.status_columns import View, message
+
+    job = {"dataset": "A1", "stage": "extract", "state": "succeeded", "records": 2, "metrics": {},
+           "message": "wrote 2 records", "out_of_date": "settings changed"}
+    assert message(job, View(now=0, current_release=None)).plain == "out of date (settings changed): wrote 2 records"

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from remote.control_plane import layout, spec_changes
-from remote.control_plane.states import JobState
+from remote.control_plane.states import RUNNER, RUNNER_STAGE, JobState
 from remote.control_plane.store import BrokenJob, JobStore
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
@@ -72,6 +72,30 @@ def prune(root: Path, plan: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
             stale[node["key"]] = why
         kept.append({**node, "needs": [need for need in node["needs"] if need not in current]})
     return kept, current, stale
+
+
+def annotate(root: Path, status: dict[str, Any]) -> dict[str, Any]:
+    """`inv status`'s jobs, each succeeded one with its settings' `fingerprint` and the jobs and files it
+    reads that are newer than its run (`newer_inputs`), and the runner's row with what its last run was
+    built from (`built_from`): the workstation, which alone knows what the inventory builds now, marks
+    the jobs out of date (local/tasks/out_of_date.py)."""
+    ended = {layout.job_key(j["dataset"], j["stage"]): j.get("ended_at") or 0 for j in status["jobs"]
+             if j["state"] == JobState.SUCCEEDED.value}
+    for job in status["jobs"]:
+        if job["state"] != JobState.SUCCEEDED.value and (job["dataset"], job["stage"]) != (RUNNER, RUNNER_STAGE):
+            continue
+        try:
+            spec = JobStore(root).spec(layout.job_dir(root, job["dataset"], job["stage"]))
+        except BrokenJob:
+            continue
+        if job["dataset"] == RUNNER:
+            job["built_from"] = ((spec.get("config") or {}).get("stage") or {}).get("built_from")
+            continue
+        started = job.get("started_at") or 0
+        newer = [key for key in upstream_keys(root, spec) if ended.get(key, 0) > started]
+        newer += [path for path in outside_paths(root, spec) if _changed_after(Path(path), started)]
+        job.update(fingerprint=spec_changes.fingerprint(spec), **({"newer_inputs": newer} if newer else {}))
+    return status
 
 
 def upstream_keys(root: Path, spec: dict[str, Any]) -> list[str]:
