@@ -311,3 +311,32 @@ def test_the_status_table_says_out_of_date_in_the_last_column() -> None:
     job = {"dataset": "A1", "stage": "extract", "state": "succeeded", "records": 2, "metrics": {},
            "message": "wrote 2 records", "out_of_date": "settings changed"}
     assert message(job, View(now=0, current_release=None)).plain == "out of date (settings changed): wrote 2 records"
+
+
+@pytest.mark.e2e
+def test_inv_launch_skips_an_up_to_date_job_and_runs_one_whose_settings_changed_saying_which(bench: object) -> None:
+    from benchmarks.harness.checkout import wait_for
+
+    bench.scripted({"A": "records=2"}, stall_after=600)
+    bench.inv("deploy")
+    bench.inv("launch", "--stage", "prep")
+    first = bench.wait_state("A/prep", {"succeeded"}, timeout=60)
+    wait_for(lambda: not is_alive(first["pid"]), 10, "the supervisor to exit")  # until it has, a relaunch is refused
+
+    kept = " ".join(bench.inv("launch", "--stage", "prep").stdout.split())
+    assert "skipped A/prep: is up to date" in kept and "--dataset A --force` runs it again" in kept
+
+    bench.scripted({"A": "records=2"}, stall_after=900)
+    edited = " ".join(bench.inv("launch", "--stage", "prep").stdout.split())
+
+    assert "launched A/prep" in edited and "A/prep is out of date: stages.prep.stall_after 600.0 -> 900.0" in edited
+    wait_for_another_run = bench.wait_state("A/prep", {"succeeded"}, timeout=60)
+    assert wait_for_another_run["started_at"] > first["ended_at"]
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
