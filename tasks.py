@@ -58,7 +58,7 @@ def deploy(c: Context, inventory: str | None = None, dry_run: bool = False, reva
 
 @task(long_only=["force"],
       help={"stage": "the stage to run: prep, infer, extract, train or eval", "dataset": DATASET, "inventory": INVENTORY,
-            "force": "run again a job that has succeeded (its output is kept until the new run succeeds)"})
+            "force": "run again a job that is up to date (its output is kept until the new run succeeds)"})
 def launch(c: Context, stage: str | None = None, dataset: str | None = None, inventory: str | None = None,
            force: bool = False) -> None:
     """Start one detached job per dataset for a stage."""
@@ -79,12 +79,12 @@ def launch(c: Context, stage: str | None = None, dataset: str | None = None, inv
                                  "watch": f"refresh the table in place every N seconds (alone: {WATCH:g}) until Ctrl-C"})
 def status(c: Context, inventory: str | None = None, json: bool = False, watch: str = "") -> None:
     """Every job's state, records, rate and last line, from one remote command per host."""
-    from local.tasks import status_query
+    from local.tasks import out_of_date, status_query
 
     every = number(watch, "--watch", float, bare=WATCH) if watch else 0.0
     watching = on_interrupt(goes_on(inventory, jobs=True) if every and not json else None)
     with fleet(inventory_name(c, inventory)) as hosts, watching:
-        state = status_query.status(hosts.status, console(), hosts.title, as_json=json, watch=every)
+        state = status_query.status(out_of_date.marked(hosts), console(), hosts.title, as_json=json, watch=every)
     if any_bad(state):
         raise Exit(code=1)
 
@@ -149,8 +149,10 @@ def trust(c: Context, inventory: str | None = None, fingerprint: str | None = No
         host_trust.trust(view, console(), fingerprint, yes)
 
 
-@task(help={"dataset": DATASET, "inventory": INVENTORY, "follow": "show the table (without a terminal: a line per change) until the pipeline ends; exit 1 unless it succeeded"})
-def run(c: Context, dataset: str | None = None, inventory: str | None = None, follow: bool = False) -> None:
+@task(long_only=["force"], help={"dataset": DATASET, "inventory": INVENTORY, "follow": "show the table (without a terminal: a line per change) until the pipeline ends; exit 1 unless it succeeded",
+            "force": "run every job again, those up to date too (each output is kept until its new run succeeds)"})
+def run(c: Context, dataset: str | None = None, inventory: str | None = None, follow: bool = False,
+        force: bool = False) -> None:
     """Start the whole pipeline (prep, infer, tokenize, extract, train) under a runner on each host."""
     from local.tasks import job_verbs, pipeline_run, planning
     from local.views import live
@@ -159,7 +161,7 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
         names = hosts.inventory.select(split(dataset)) if dataset else None
         routes = hosts.each(lambda host, out: planning.resolve(host, job_verbs.mine(host, names)), console())  # a route that fits, or stop
         hosts.raise_failures(routes)
-        hosts.raise_failures(hosts.each(lambda host, out: pipeline_run.run(host, out, names, routes[hosts.name_of(host)]),
+        hosts.raise_failures(hosts.each(lambda host, out: pipeline_run.run(host, out, names, routes[hosts.name_of(host)], force),
                                         console()))
         with on_interrupt(goes_on(inventory)):  # NOTE: the end of the run is the block's own: only Ctrl-C here
             ended = live.follow(hosts.status, console(), hosts.title) if follow else None
@@ -193,13 +195,14 @@ def check(c: Context, inventory: str | None = None, install: bool = False) -> No
         raise Exit(code=1)
 
 
-@task(name="eval", help={"inventory": INVENTORY, "json": "print the report as JSON (baseline, drafts by name, ranking, best, serve, warnings)"})
-def evaluate(c: Context, inventory: str | None = None, json: bool = False) -> None:
+@task(name="eval", long_only=["force"], help={"inventory": INVENTORY, "json": "print the report as JSON (baseline, drafts by name, ranking, best, serve, warnings)",
+                         "force": "measure again even when the last report is up to date (its report is kept until the new one is written)"})
+def evaluate(c: Context, inventory: str | None = None, json: bool = False, force: bool = False) -> None:
     """Serve the target with SGLang without and with the draft per grid setting: accept length, speed-up, best flags."""
     from local.tasks import evaluation
 
     with fleet(inventory_name(c, inventory)) as hosts:
-        evaluation.run(hosts.single, console(), as_json=json)
+        evaluation.run(hosts.single, console(), as_json=json, force=force)
 
 
 @task(inventory="local")

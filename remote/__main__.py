@@ -25,8 +25,11 @@ if TYPE_CHECKING:
 
 def status(args: dict[str, Any]) -> Any:
     root = Path(args["root"])
+    from remote.control_plane import freshness
+
     query = gpus.Query()  # nvidia-smi answers while the jobs are read
-    return gpus.annotate(root, eta.annotate(root, jobs.status(root)), query)  # time left and GPUs: one round trip
+    state = freshness.annotate(root, eta.annotate(root, jobs.status(root)))  # what is newer than each job's run
+    return gpus.annotate(root, state, query)  # time left and GPUs: one round trip
 
 
 def each(work: Callable[[Any], Any], items: list[Any], threads: int = 8) -> list[Any]:
@@ -68,8 +71,26 @@ def launch(args: dict[str, Any]) -> Any:
 
 def run(args: dict[str, Any]) -> Any:
     """`inv run`: the plan under the pipeline runner (a job itself), or, where the executor queues jobs
-    itself (Slurm), every job queued at once after the jobs it needs (`queued`)."""
+    itself (Slurm), every job queued at once after the jobs it needs (`queued`).
+
+    Its up-to-date jobs are left out (`up_to_date`; all of them run with `force`), and it says why each
+    succeeded job it runs again is out of date (`out_of_date`, `remote.control_plane.freshness`); with
+    nothing out of date, no runner starts (`runner`: None)."""
+    from remote.control_plane import freshness
+
     root, spec = Path(args["root"]), args["spec"]
+    stage = spec["config"]["stage"]
+    current: list[str] = []
+    stale: dict[str, Any] = {}
+    if not args.get("force"):
+        stage["plan"], current, stale = freshness.prune(root, stage["plan"])
+    found = {"up_to_date": current, "out_of_date": stale}
+    if not stage["plan"]:
+        return {"runner": None, **found}
+    return {**_start_pipeline(root, spec), **found}
+
+
+def _start_pipeline(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
     stage = spec["config"]["stage"]
     plan = stage["plan"]
     if plan and all(executors.for_spec(node["spec"]).queues for node in plan):

@@ -248,7 +248,7 @@ def test_inv_run_takes_the_chunked_route_shows_chunk_k_of_n_and_resumes_after_in
         wait_for(lambda: at({"pass": 0, "chunk": 1, "phase": "train"}), 240, "chunk 2's training")
         bench.inv("stop", "-d", "draft")
         bench.wait_state("pipeline/run", {"succeeded", "failed", "stopped"}, timeout=60)
-        bench.inv("run")  # a fresh run: prep again (same records), then the chunked job goes on where it stopped
+        bench.inv("run")  # a fresh run: prep is up to date, the stopped chunked job goes on where it stopped
         wait_for(lambda: at({"pass": -1}) or bench.poll()["pipeline/run"]["state"] != "running",
                  240, "the run to end")
         final = bench.wait_state("pipeline/run", {"succeeded", "failed"}, timeout=60)

@@ -54,7 +54,7 @@ def test_a_relaunch_of_a_succeeded_prep_is_refused_and_a_forced_one_stopped_keep
     assert {"manifest.json", "conversations.jsonl"} <= set(finished)
 
     again = bench.inv("launch", "--stage", "prep", "--dataset", "A1")
-    assert "skipped A1/prep: has succeeded" in again.stdout
+    assert "skipped A1/prep: is up to date: it has succeeded with these settings" in again.stdout
     assert "`inv launch --stage prep --dataset A1 --force` runs it again" in again.stdout
     assert bench.poll()["A1/prep"]["state"] == "succeeded" and outputs(output) == finished
 

@@ -32,15 +32,32 @@ def launch(host: RemoteHost, console: Console, stage: str, datasets: list[str] |
         return []
     results = host.call("launch", specs=specs.specs(host.inventory, stage, names), force=force)
     report(console, [_with_force_hint(r) for r in results], "launched")
+    for said in out_of_date_lines({job_key(r["dataset"], r["stage"]): r["out_of_date"] for r in results
+                                   if r.get("out_of_date")}):
+        console.print(line(f"  {said}"))
     return results
 
 
 def _with_force_hint(result: dict[str, Any]) -> dict[str, Any]:
-    """A job kept because it succeeded names the flag that runs it again."""
+    """A job kept because it is up to date names the flag that runs it again."""
     if not result.get("succeeded"):
         return result
     return {**result, "reason": f"{result['reason']}; `inv launch --stage {result['stage']} "
                                 f"--dataset {result['dataset']} --force` runs it again"}
+
+
+def out_of_date_lines(stale: dict[str, dict[str, Any]]) -> list[str]:
+    """Why each succeeded job runs again (`remote.control_plane.freshness`), a line each:
+    `A1/extract is out of date: stages.extract.layers [2] -> [1]; it reads A1/prep, which is newer or runs again`."""
+    said = []
+    for key, why in stale.items():
+        dataset, _, stage = key.partition("/")
+        reasons = [f"{visible(specs.inventory_key(dataset, stage, path))} {_setting(before)} -> {_setting(after)}"
+                   for path, before, after in why.get("changes", [])]
+        reasons += [f"it reads {visible(need)}, which is newer or runs again" for need in why.get("rebuilt", [])]
+        reasons += [f"{visible(path)} changed after it ran" for path in why.get("changed_files", [])]
+        said.append(f"{visible(key)} is out of date: {'; '.join(reasons)}")
+    return said
 
 
 def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages: list[str] | None) -> list[dict[str, Any]]:

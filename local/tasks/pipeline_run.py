@@ -22,14 +22,17 @@ if TYPE_CHECKING:
     from local.inventory.values import Inventory
 
 
-def run(host: RemoteHost, console: Console, datasets: list[str] | None, route: str) -> dict[str, Any]:
+def run(host: RemoteHost, console: Console, datasets: list[str] | None, route: str, force: bool = False) -> dict[str, Any]:
     """Start the pipeline on the host for `route`, one remote command: under its runner, or (where the
-    host's executor queues jobs itself) every job queued after the ones it needs."""
+    host's executor queues jobs itself) every job queued after the ones it needs. The host leaves out
+    the jobs that are up to date (all run with `force`): {} when that is every one."""
     names = job_verbs.mine(host, datasets)
     if names == [] or not host.inventory.datasets:
         return {}
     spec = pipeline.runner_spec(host.inventory, names, route)
-    answer = host.call("run", spec=spec)
+    answer = host.call("run", spec=spec, force=force)
+    if not say_up_to_date(host, console, answer):
+        return {}
     if "queued" in answer:
         job_verbs.report(console, answer["queued"], "submitted")
         return {"submitted": [r for r in answer["queued"] if r["launched"]]}
@@ -37,10 +40,25 @@ def run(host: RemoteHost, console: Console, datasets: list[str] | None, route: s
     if not result["launched"]:
         raise AerieError(f"the pipeline is {visible(result['reason']).replace('already running', 'already running on ' + host.name)}: "
                          f"watch it with {hints.inv('status', watch=True)}, or {hints.inv('stop', dataset=RUNNER)} first")
-    jobs = len(spec["config"]["stage"]["plan"])  # NOTE: counted as `inv status` counts them, the runner too
+    jobs = len(spec["config"]["stage"]["plan"]) - len(answer.get("up_to_date") or [])  # NOTE: counted as `inv status` counts them, the runner too
     console.print(line(f"pipeline started on {host.name} (runner {visible(str(result['where']))}): "
                         f"{jobs + 1} jobs: {jobs} and the runner; {hints.inv('status', watch=True)} follows it"))
     return result
+
+
+def say_up_to_date(host: RemoteHost, console: Console, answer: dict[str, Any]) -> bool:
+    """One line for the jobs left out as up to date, one per job run again and why; False when nothing runs."""
+    current = answer.get("up_to_date") or []
+    if current and answer.get("runner") is None and "queued" not in answer:
+        console.print(line(f"the pipeline on {host.name} is up to date: its {len(current)} jobs succeeded with these "
+                           f"settings, after what each reads; nothing to run (`inv run --force` runs every job again)"))
+        return False
+    if current:
+        shown = ", ".join(current[:8]) + (f" and {len(current) - 8} more" if len(current) > 8 else "")
+        console.print(line(f"up to date, not run again: {visible(shown)} (`inv run --force` runs every job again)"))
+    for said in job_verbs.out_of_date_lines(answer.get("out_of_date") or {}):
+        console.print(line(f"  {said}"))
+    return True
 
 
 def outcome(state: dict[str, Any]) -> str:

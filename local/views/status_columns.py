@@ -169,6 +169,8 @@ def message(job: Job, view: View) -> Text:
         text = f"waits for the GPU ({needs})" if "GPU" in note else f"waits for {needs}"
     else:
         text = " ".join([*facts(job), note]).strip()
+    if job.get("out_of_date"):  # a succeeded job whose settings or inputs changed since (local/tasks/out_of_date.py)
+        text = f"out of date ({job['out_of_date']}): {text}" if text else f"out of date ({job['out_of_date']})"
     step = "" if job.get("more") else next_step(job, view.runner)
     return Text("; ".join(part for part in (text, skip_note(job), step) if part), **_cut(view.one_line))
 

@@ -20,11 +20,12 @@ def any_bad(status: dict[str, Any]) -> bool:
 
 JSON_KEYS = ("host", "dataset", "stage", "state", "records", "skipped", "skip_reasons", "exit_code", "release",
              "started_at", "ended_at", "message", "metrics", "waiting_for", "blocked_by", "signal", "slurm_job_id",
-             "slurm_state", "node", "total", "done", "rate", "eta_s", "eta_complete", "gpus")
+             "slurm_state", "node", "total", "done", "rate", "eta_s", "eta_complete", "gpus", "out_of_date")
 
 
-#: Keys shown only where they apply: several hosts, the Slurm backend, a pipeline's estimate, GPUs held.
-OPTIONAL_KEYS = {"host", "slurm_job_id", "slurm_state", "node", "eta_complete", "gpus"}
+#: Keys shown only where they apply: several hosts, the Slurm backend, a pipeline's estimate, GPUs held, a
+#: succeeded job no longer up to date.
+OPTIONAL_KEYS = {"host", "slurm_job_id", "slurm_state", "node", "eta_complete", "gpus", "out_of_date"}
 
 
 def as_json(status: dict[str, Any]) -> list[dict[str, Any]]:

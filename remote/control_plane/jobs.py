@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from remote.control_plane import executors, layout, processes
+from remote.control_plane import executors, freshness, layout, processes
 from remote.control_plane.logfile import last_line
 from remote.control_plane.store import BrokenJob, HostError, Job, JobStore
 from remote.control_plane.states import JobState
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
 HEARTBEAT_SECONDS = 5.0
+#: Why a launch skips a job (`keep_done`) whose output stands for the spec it is given.
+UP_TO_DATE = "is up to date: it has succeeded with these settings, after what it reads; its output is kept"
 
 
 def all_job_dirs(root: Path) -> list[Path]:
@@ -141,7 +143,9 @@ def launch(root: Path, spec: dict[str, Any], only: set[JobState] | None = None, 
            unstick: bool = False, keep_done: bool = False) -> dict[str, Any]:
     """Start one job with its executor (queued after the jobs `after`, where the executor queues), unless
     it runs already (or, with `only`, is in another state). `unstick`: also start again a job held for
-    ever behind a failed one. `keep_done`: not over a job that has succeeded (`inv launch` without --force)."""
+    ever behind a failed one. `keep_done`: not over a job that has succeeded and is up to date
+    (`remote.control_plane.freshness`; `inv launch` without --force): one out of date runs again, and its
+    result says why (`out_of_date`)."""
 
     def submit(directory: Path, release: Path) -> dict[str, Any]:
         return executors.for_spec(spec).submit(directory, spec, release, after)
@@ -183,12 +187,16 @@ def _launch_one(store: JobStore, spec: dict[str, Any], only: set[JobState] | Non
     directory = store.directory(spec["dataset"], spec["stage"])
     directory.mkdir(parents=True, exist_ok=True)
     with store.locked(directory):
-        refused = _refusal(directory, spec, only, unstick, keep_done)
+        stale = freshness.staleness(store.root, spec) if keep_done else {}
+        if keep_done and not stale:
+            return {**_result(spec), "reason": UP_TO_DATE, "up_to_date": True, "succeeded": True}
+        refused = _refusal(directory, spec, only, unstick)
         if refused:
             return refused
         release = release or store.current_release()
-        store.prepare(directory, spec)
-        return {**_result(spec), "launched": True, **step(directory, release)}
+        store.prepare(directory, spec)  # NOTE: the job's files only: its output stays until the new run replaces it
+        why = {} if "state" in stale else {"out_of_date": stale}
+        return {**_result(spec), "launched": True, **why, **step(directory, release)}
 
 
 def _start_handed(store: JobStore, directory: Path, release: Path) -> None:
@@ -208,8 +216,7 @@ def _result(spec: dict[str, Any]) -> dict[str, Any]:
     return {"dataset": spec["dataset"], "stage": spec["stage"], "launched": False}
 
 
-def _refusal(directory: Path, spec: dict[str, Any], only: set[JobState] | None, unstick: bool,
-             keep_done: bool = False) -> dict[str, Any] | None:
+def _refusal(directory: Path, spec: dict[str, Any], only: set[JobState] | None, unstick: bool) -> dict[str, Any] | None:
     """Why the job must not start now (under its lock), or None after ending what must end first."""
     # NOTE: decided under the lock: a concurrent rerun may have just relaunched it.
     try:
@@ -221,8 +228,6 @@ def _refusal(directory: Path, spec: dict[str, Any], only: set[JobState] | None, 
     stuck = unstick and bool(reading and reading.blocked_by)
     if only is not None and now_state not in only and not stuck:
         return {**_result(spec), "reason": f"is {now_state.value if now_state else 'not started'}"}
-    if keep_done and now_state == JobState.SUCCEEDED:
-        return {**_result(spec), "reason": "has succeeded: its output is kept", "succeeded": True}
     if job is not None and job.state:
         previous = executors.of(job.state)
         if now_state == JobState.STALLED or stuck:

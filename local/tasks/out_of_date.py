@@ -1,0 +1,74 @@
+"""`inv status`'s out-of-date marks: a succeeded job whose settings differ from those the inventory builds
+now, or that reads something newer than its run, is marked ``out_of_date`` (why, in words), and so is
+every job of the pipeline after it. The host says what each job ran with (a fingerprint of its spec,
+`remote.control_plane.spec_changes.fingerprint`) and what is newer (`remote.control_plane.freshness.annotate`);
+only the workstation knows the inventory, so the comparison is made here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from local.exceptions import AerieError
+from local.jobs import pipeline, specs
+from remote.control_plane import layout
+from remote.control_plane.spec_changes import fingerprint
+from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, JobState
+
+if TYPE_CHECKING:
+    from local.host.fleet import Fleet
+    from local.inventory.values import Inventory
+
+
+def marked(hosts: Fleet) -> Callable[[], dict[str, Any]]:
+    """`hosts.status`, its jobs marked out of date against each host's inventory."""
+
+    def fetch() -> dict[str, Any]:
+        state = hosts.status()
+        for name, host in hosts.hosts.items():
+            mark([j for j in state["jobs"] if j.get("host", "") == name], host.inventory)
+        return state
+
+    return fetch
+
+
+def mark(jobs: list[dict[str, Any]], inventory: Inventory) -> None:
+    """Add ``out_of_date`` (why) to each succeeded job of `jobs` (one host's) that is no longer up to date."""
+    runner = next((j for j in jobs if (j["dataset"], j["stage"]) == (RUNNER, RUNNER_STAGE)), {})
+    built, needs = expected(inventory, runner.get("built_from"))
+    by_key = {layout.job_key(j["dataset"], j["stage"]): j for j in jobs}
+    for key, job in by_key.items():  # NOTE: in the host's order; the pipeline's order below
+        reasons = _reasons(job, built.get(key))
+        if reasons:
+            job["out_of_date"] = "; ".join(reasons)
+    for key, before in needs.items():  # the plan's order: a need comes before the jobs that need it
+        job = by_key.get(key)
+        stale = [need for need in before if by_key.get(need, {}).get("out_of_date")]
+        if job and stale and job["state"] == JobState.SUCCEEDED.value and not job.get("out_of_date"):
+            job["out_of_date"] = f"{', '.join(stale)} is out of date"
+
+
+def _reasons(job: dict[str, Any], built: set[str] | None) -> list[str]:
+    if job["state"] != JobState.SUCCEEDED.value or "fingerprint" not in job:
+        return []
+    reasons = ["settings changed"] if built and job["fingerprint"] not in built else []
+    return reasons + [f"{name} is newer" for name in job.get("newer_inputs") or []]
+
+
+def expected(inventory: Inventory, built_from: dict[str, Any] | None) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
+    """The fingerprints of every spec the inventory builds now, by job (a job launched alone and the same job
+    in the pipeline may differ: either is up to date), and the pipeline's needs, in its order. The pipeline
+    is the last run's datasets (those still in the inventory) and route."""
+    built: dict[str, set[str]] = {}
+    for key, spec in specs.all_specs(inventory).items():
+        built.setdefault(key, set()).add(fingerprint(spec))
+    last = [name for name in (built_from or {}).get("datasets", []) if name in inventory.datasets]
+    route = (built_from or {}).get("route", "offline")
+    plan = pipeline.graph(inventory, last or None, route) if inventory.datasets else []
+    for node in plan:
+        built.setdefault(node["key"], set()).add(fingerprint(node["spec"]))
+    try:
+        built[layout.job_key(DRAFT, "eval")] = {fingerprint(specs.eval_spec(inventory))}
+    except AerieError:
+        pass  # no target to evaluate: nothing to compare the last evaluation with
+    return built, {node["key"]: node["needs"] for node in plan}
