@@ -150,13 +150,14 @@ def plan(c: Context, inventory: str | None = None, json: bool = False) -> None:
 
 
 @task(help={"inventory": INVENTORY,
-            "install": "first pip install what the stages import (pyproject's `host` extra) into host.python"})
-def check(c: Context, inventory: str | None = None, install: bool = False) -> None:
+            "install": "first pip install what the stages import (pyproject's `host` extra) into host.python",
+            "verify": "also read every dataset's stored states and check each file's size and checksum"})
+def check(c: Context, inventory: str | None = None, install: bool = False, verify: bool = False) -> None:
     """Check the host before a run: Python and packages, GPUs, disk, the target, layer ids, the inference server."""
     from local.tasks import host_checks
 
     with fleet(inventory_name(c, inventory)) as hosts:
-        results = hosts.each(lambda host, out: host_checks.check(host, out, install), console())
+        results = hosts.each(lambda host, out: host_checks.check(host, out, install, verify), console())
     hosts.raise_failures(results)
     if any(r["status"] == "fail" for checks in results.values() for r in checks):
         raise Exit(code=1)

@@ -8,7 +8,8 @@ slurm (launch and status of 40 jobs on the test cluster), loop (deploy and
 rerun as typed, against rsync, scp and ssh), view (the watch view of 20 to 1,000 bad jobs,
 against one screenful of table), chunked (the chunked route's wall time and
 held-out accept length against the offline route's on the same records), train (aerie's trainer
-against SpecForge 0.2.0's on the same states and held-out split: CPU seconds and accept length).
+against SpecForge 0.2.0's on the same states and held-out split: CPU seconds and accept length), states
+(train's reading of the stored states with their size and checksum checked, against the plain read).
 Figures are recorded in docs/benchmarks.md.
 """
 
@@ -20,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-SUITES = ("control", "loop", "view", "prep", "infer", "extract", "slurm", "chunked", "train")
+SUITES = ("control", "loop", "view", "prep", "infer", "extract", "slurm", "chunked", "train", "states")
 
 
 def run(only: list[str] | None = None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from remote.control_plane import inference_server, layout
 from remote.eagle3 import server_check, target_memory
 
 # NOTE: tiktoken is what Kimi-K2.5's own tokenizer (trust_remote_code) is built on.
-PACKAGES = ("datasets", "transformers", "tokenizers", "tiktoken", "torch", "pyarrow", "safetensors")
+PACKAGES = ("datasets", "transformers", "tokenizers", "tiktoken", "torch", "pyarrow", "safetensors", "xxhash")
 
 
 def check(name: str, ok: bool, detail: str, warn_only: bool = False) -> dict[str, Any]:

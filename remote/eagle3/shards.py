@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import io
 import json
+import mmap
 import os
 import shutil
 import time
@@ -226,28 +227,34 @@ def _meta(directory: Path) -> dict[str, Any] | None:
 
 
 def load_sample(path: Path, mmap: bool = False) -> dict[str, Any]:
-    """One record, checked against its shard's meta (its size, and unless `mmap` its checksum: a
-    memory-mapped read touches only the tensors used, and hashing would read them all); with `mmap`
-    only the tensors actually touched are read from disk."""
+    """One record, checked against its shard's meta: its size, and unless `mmap` its checksum (with `mmap`
+    only the tensors actually touched are read from disk, and hashing would read them all).
+
+    The tensors are memory-mapped either way: the checksum's pass brings the file into the page cache
+    and the tensors are read from there, so a checked read costs one pass over the file, as a plain
+    ``torch.load`` does (docs/benchmarks.md)."""
     import torch
 
     path = Path(path)
     expected = _expected(path)
-    if mmap:
-        if expected is not None:
-            _check_size(path, path.stat().st_size, expected[0])
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    data = path.read_bytes()
     if expected is not None:
-        _check_size(path, len(data), expected[0])
-        if checksum_of(expected[1], data) != expected[2]:
-            condemn(path, f"does not match its {expected[1]} checksum (its bytes changed since extract wrote them)")
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        _check(path, expected, whole=not mmap)
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
-def _check_size(path: Path, size: int, expected: int) -> None:
-    if size != expected:
-        condemn(path, f"is {size} bytes where extract wrote {expected} ({'truncated' if size < expected else 'grown'})")
+def _check(path: Path, expected: tuple[int, str, str], whole: bool) -> int:
+    """`path`'s size, and with `whole` its checksum, against what extract recorded; its size."""
+    size_, algorithm, sum_ = expected
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size != size_:
+            condemn(path, f"is {size} bytes where extract wrote {size_} ({'truncated' if size < size_ else 'grown'})")
+        if whole and size:
+            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                found = checksum_of(algorithm, view)
+            if found != sum_:
+                condemn(path, f"does not match its {algorithm} checksum (its bytes changed since extract wrote them)")
+    return size
 
 
 def verify(root: Path, beat: Callable[[], None] = lambda: None) -> dict[str, Any]:
@@ -258,11 +265,7 @@ def verify(root: Path, beat: Callable[[], None] = lambda: None) -> dict[str, Any
         expected = _expected(path)
         if expected is None:
             condemn(path, "is not in its shard's meta.json")
-        data = path.read_bytes()
-        _check_size(path, len(data), expected[0])
-        if checksum_of(expected[1], data) != expected[2]:
-            condemn(path, f"does not match its {expected[1]} checksum (its bytes changed since extract wrote them)")
-        files, total = files + 1, total + len(data)
+        files, total = files + 1, total + _check(path, expected, whole=True)
         beat()
     return {"files": files, "bytes": total}
 
