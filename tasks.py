@@ -129,10 +129,11 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
     with fleet(inventory_name(c, inventory)) as hosts:
         names = hosts.inventory.select(split(dataset)) if dataset else None
         routes = hosts.each(lambda host, out: planning.resolve(host, job_verbs.mine(host, names)), console())  # a route that fits, or stop
-        hosts.raise_failures(routes)
-        hosts.raise_failures(hosts.each(lambda host, out: pipeline_run.run(host, out, names, routes[hosts.name_of(host)]),
-                                        console()))
-        ended = live.follow(hosts.status, console(), hosts.title) if follow else None
+        # NOTE: each host's pipeline is its own: a host down or refused is named at the end, the others run.
+        started = hosts.each(lambda host, out: pipeline_run.run(host, out, names, pipeline_run.route_of(routes, hosts.name_of(host))),
+                             console())
+        ended = live.follow(hosts.status, console(), hosts.title) if follow and pipeline_run.any_started(started) else None
+    hosts.raise_failures(started)
     if ended is not None and any_bad(ended):  # blocked jobs and their failures, and what to do next
         raise Exit(f"aerie: {pipeline_run.outcome(ended)}", code=1)
 
