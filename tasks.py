@@ -128,7 +128,7 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
 
     with fleet(inventory_name(c, inventory)) as hosts:
         names = hosts.inventory.select(split(dataset)) if dataset else None
-        routes = hosts.each(lambda host, out: planning.resolve(host, job_verbs.mine(host, names)), console())  # a route that fits, or stop
+        routes = hosts.each(lambda host, out: planning.resolve(host, job_verbs.mine(host, names), out), console())  # a route that fits, or stop
         # NOTE: each host's pipeline is its own: a host down or refused is named at the end, the others run.
         started = hosts.each(lambda host, out: pipeline_run.run(host, out, names, pipeline_run.route_of(routes, hosts.name_of(host))),
                              console())

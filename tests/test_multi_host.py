@@ -96,5 +96,6 @@ def test_run_goes_on_with_the_reachable_hosts_and_names_the_one_that_is_down(two
     assert done.returncode != 0
     assert "failed on g2 (not started:" in done.stderr and "connection refused" in done.stderr
     assert "pipeline started on" in done.stdout  # g1 went ahead
+    assert "GiB free on " in done.stdout  # the room on its root, said at the run's start
     runner = bench.root.parent / "root-g1" / "jobs" / "pipeline" / "run" / "state.json"
     wait_for(runner.exists, 20, "g1's runner")
