@@ -310,3 +310,26 @@ def test_a_runner_that_cannot_write_its_own_records_ends_failed_in_one_line_and_
     wait_for(lambda: states(root)["pipeline/run"].get("started_at", 0) > runner["started_at"], 30,
              "the runner to start again")
     assert runner_ended(root)["A1/train"]["state"] == "succeeded"
+
+
+def test_specforges_inputs_are_verified_before_specforge_reads_them(tmp_path: Path, tiny_target: Path) -> None:
+    from remote.control_plane.progress import Progress
+    from remote.stages import train
+    from tests.pipeline_fixtures import context
+
+    extract_into(tmp_path, tiny_target)
+    record_job(tmp_path, "A1", "extract", "succeeded")
+    bad = tmp_path / "data" / "A1" / "extract" / "shard-00002" / "data_000000008.ckpt"
+    flip_bits(bad)
+    ctx = context(stage_env(tmp_path, "train", {**TRAIN_SETTINGS, "engine": "specforge"}, {"target": {"model": str(tiny_target)}}))
+
+    with pytest.raises(BadState, match=f"{bad} does not match"):
+        train._verify_for_specforge(ctx, Progress())
+
+
+def test_a_file_its_shard_lists_but_that_is_gone_is_named_as_missing(tmp_path: Path, tiny_target: Path) -> None:
+    env = extract_into(tmp_path, tiny_target)
+    gone = Path(env["AERIE_OUTPUT"]) / "shard-00000" / "data_000000002.ckpt"
+    gone.unlink()
+    with pytest.raises(BadState, match=f"{gone} is missing .* shard shard-00000 of "):
+        load_sample(gone)

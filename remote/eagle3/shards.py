@@ -48,7 +48,7 @@ import shutil
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from remote.control_plane import layout
 from remote.control_plane.progress import read_json, write_json_atomic
@@ -246,7 +246,11 @@ def load_sample(path: Path, mmap: bool = False) -> dict[str, Any]:
 def _check(path: Path, expected: tuple[int, str, str], whole: bool) -> int:
     """`path`'s size, and with `whole` its checksum, against what extract recorded; its size."""
     size_, algorithm, sum_ = expected
-    with open(path, "rb") as handle:
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        condemn(path, "is missing (its shard's meta.json lists it)")
+    with handle:
         size = os.fstat(handle.fileno()).st_size
         if size != size_:
             condemn(path, f"is {size} bytes where extract wrote {size_} ({'truncated' if size < size_ else 'grown'})")
@@ -275,7 +279,7 @@ def verify(root: Path, beat: Callable[[], None] = lambda: None) -> dict[str, Any
 # -- a bad file: its shard redone ---------------------------------------------------------------
 
 
-def condemn(path: Path, problem: str) -> None:
+def condemn(path: Path, problem: str) -> NoReturn:
     """Mark the shard of `path` for extract to redo, and raise `BadState` naming the file, the shard and
     the dataset. Its shard becomes a torn one (extract deletes and redoes exactly those), the extract's
     manifest goes (nothing trains on the store until extract has run again), and the dataset's
