@@ -198,10 +198,13 @@ class BadState(StageInputError):
 
 
 def _expected(path: Path) -> tuple[int, str, str] | None:
-    """(size, algorithm, checksum) of `path` by its shard's meta; None for a file outside a shard's list."""
+    """(size, algorithm, checksum) of `path` by its shard's meta; None for a file outside any shard
+    (no meta.json beside it: a test's or a tool's own file)."""
     meta = _meta(path.parent)
-    if meta is None or path.name not in meta["index"]:
+    if meta is None:
         return None
+    if path.name not in meta["index"]:
+        condemn(path, "is not in its shard's meta.json")
     i = meta["index"][path.name]
     if "sums" not in meta:
         condemn(path, "has no checksum (extracted by an older aerie)")
@@ -269,8 +272,8 @@ def verify(root: Path, beat: Callable[[], None] = lambda: None) -> dict[str, Any
     files = total = 0
     for path in ShardStore(root).sample_files():
         expected = _expected(path)
-        if expected is None:
-            condemn(path, "is not in its shard's meta.json")
+        if expected is None:  # its shard was condemned or redone since it was listed
+            condemn(path, "lost its shard's meta.json while it was being verified")
         files, total = files + 1, total + _check(path, expected, whole=True)
         beat()
     return {"files": files, "bytes": total}
@@ -322,5 +325,5 @@ def _mark_failed(job: Path, line: str) -> None:
         state = read_json(job / layout.STATE, {})
         if not isinstance(state, dict) or state.get("state") not in ("succeeded", "empty"):
             return
-        state.update(state="failed", ended_at=time.time(), message=f"its states failed a check in train: {line}")
+        state.update(state="failed", ended_at=time.time(), message=f"its states failed a check: {line}")
         write_json_atomic(job / layout.STATE, state)
