@@ -159,12 +159,13 @@ def run(c: Context, dataset: str | None = None, inventory: str | None = None, fo
 
     with fleet(inventory_name(c, inventory)) as hosts:
         names = hosts.inventory.select(split(dataset)) if dataset else None
-        routes = hosts.each(lambda host, out: planning.resolve(host, job_verbs.mine(host, names)), console())  # a route that fits, or stop
-        hosts.raise_failures(routes)
-        hosts.raise_failures(hosts.each(lambda host, out: pipeline_run.run(host, out, names, routes[hosts.name_of(host)], force),
-                                        console()))
+        routes = hosts.each(lambda host, out: planning.resolve(host, job_verbs.mine(host, names), out), console())  # a route that fits, or stop
+        # NOTE: each host's pipeline is its own: a host down or refused is named at the end, the others run.
+        started = hosts.each(lambda host, out: pipeline_run.run(host, out, names, pipeline_run.route_of(routes, hosts.name_of(host)), force),
+                             console())
         with on_interrupt(goes_on(inventory)):  # NOTE: the end of the run is the block's own: only Ctrl-C here
-            ended = live.follow(hosts.status, console(), hosts.title) if follow else None
+            ended = live.follow(hosts.status, console(), hosts.title) if follow and pipeline_run.any_started(started) else None
+    hosts.raise_failures(started)
     if ended is not None and pipeline_run.outcome(ended):  # failures, blocked or stopped jobs, and the next step
         raise Exit(f"aerie: {pipeline_run.outcome(ended)}", code=1)
 
@@ -181,15 +182,16 @@ def plan(c: Context, inventory: str | None = None, json: bool = False) -> None:
         raise Exit(code=1)
 
 
-@task(long_only=["install"],
+@task(long_only=["install", "verify"],
       help={"inventory": INVENTORY,
-            "install": "first pip install what the stages import (pyproject's `host` extra) into host.python"})
-def check(c: Context, inventory: str | None = None, install: bool = False) -> None:
+            "install": "first pip install what the stages import (pyproject's `host` extra) into host.python",
+            "verify": "also read every dataset's stored states and check each file's size and checksum"})
+def check(c: Context, inventory: str | None = None, install: bool = False, verify: bool = False) -> None:
     """Check the host before a run: Python and packages, GPUs, disk, the target, layer ids, the inference server."""
     from local.tasks import host_checks
 
     with fleet(inventory_name(c, inventory)) as hosts:
-        results = hosts.each(lambda host, out: host_checks.check(host, out, install), console())
+        results = hosts.each(lambda host, out: host_checks.check(host, out, install, verify), console())
     hosts.raise_failures(results)
     if any(r["status"] == "fail" for checks in results.values() for r in checks):
         raise Exit(code=1)

@@ -10,7 +10,8 @@ against one screenful of table), chunked (the chunked route's wall time and
 held-out accept length against the offline route's on the same records), train (aerie's trainer
 against SpecForge 0.2.0's on the same states and held-out split: CPU seconds and accept length), ranks
 (aerie's engine on two torchrun ranks against one process: seconds, accept length, the epoch kept),
-phases (the inference server's starts and the target's loads in one `inv run` of ten datasets).
+phases (the inference server's starts and the target's loads in one `inv run` of ten datasets), states
+(train's reading of the stored states with their size and checksum checked, against the plain read).
 Figures are recorded in docs/benchmarks.md.
 """
 
@@ -22,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-SUITES = ("control", "loop", "view", "prep", "infer", "extract", "slurm", "chunked", "train", "ranks", "phases")
+SUITES = ("control", "loop", "view", "prep", "infer", "extract", "slurm", "chunked", "train", "ranks", "phases", "states")
 
 
 def run(only: list[str] | None = None) -> dict[str, Any]:

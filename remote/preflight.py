@@ -18,7 +18,7 @@ from remote.control_plane import hints, inference_server, layout
 from remote.eagle3 import server_check, target_memory
 
 # NOTE: tiktoken is what Kimi-K2.5's own tokenizer (trust_remote_code) is built on.
-PACKAGES = ("datasets", "transformers", "tokenizers", "tiktoken", "torch", "pyarrow", "safetensors")
+PACKAGES = ("datasets", "transformers", "tokenizers", "tiktoken", "torch", "pyarrow", "safetensors", "xxhash")
 
 
 def check(name: str, ok: bool, detail: str, warn_only: bool = False) -> dict[str, Any]:
@@ -105,6 +105,28 @@ def job_processes() -> dict[str, Any]:
                  "(setsid) outlives `inv stop`", warn_only=True)
 
 
+def states(root: Path, datasets: list[str]) -> list[dict[str, Any]]:
+    """`inv check --verify`: every stored state of each dataset read and checked against the size and
+    checksum extract recorded (`remote.eagle3.shards.verify`); a bad file fails, and is marked for
+    extract again as train would mark it."""
+    from remote.eagle3 import shards  # here: only a verify reads the states
+
+    results = []
+    for name in datasets:
+        store = layout.output_dir(root, name, "extract")
+        if not (store / "manifest.json").is_file():
+            results.append(check(f"states {name}", False, f"none to verify: {name}'s extract has not succeeded", True))
+            continue
+        try:
+            found = shards.verify(store)
+        except shards.BadState as exc:
+            results.append(check(f"states {name}", False, str(exc)))
+            continue
+        results.append(check(f"states {name}", True, f"{found['files']:,} files, {found['bytes'] / 2**30:,.2f} GiB: "
+                                                      "each its recorded size and checksum"))
+    return results
+
+
 def run(args: dict[str, Any]) -> list[dict[str, Any]]:
     layers = args["layers"]
     return [
@@ -115,4 +137,5 @@ def run(args: dict[str, Any]) -> list[dict[str, Any]]:
         disk(Path(args["root"]), args["datasets"], layers, args.get("model"), args["dtype"]),
         served_draft(args["server_url"], layers),
         *extract_engines(args.get("model"), args["dtype"], args.get("extract_engine")),
+        *(states(Path(args["root"]), args["datasets"]) if args.get("verify") else []),
     ]

@@ -80,3 +80,22 @@ def test_a_host_that_is_down_is_reported_in_its_rows_without_failing_the_others(
     deploy = bench.inv("deploy", check=False)
     assert deploy.returncode == 2 and "failed on g2" in deploy.stderr
     assert "Nothing to deploy" in deploy.stdout  # g1 went ahead
+
+
+def test_run_goes_on_with_the_reachable_hosts_and_names_the_one_that_is_down(two_hosts) -> None:  # noqa: ANN001
+    bench, servers = two_hosts
+    path = bench.checkout / "inventories" / "test.yaml"
+    document = yaml.safe_load(path.read_text())
+    document["stages"] = {stage: {"command": f"{{python}} {SCRIPTED}"} for stage in ("prep", "extract", "train")}
+    path.write_text(yaml.safe_dump(document))
+    bench.inv("deploy")
+    servers["g2"].stop()
+
+    done = bench.inv("run", check=False)
+
+    assert done.returncode != 0
+    assert "failed on g2 (not started:" in done.stderr and "connection refused" in done.stderr
+    assert "pipeline started on" in done.stdout  # g1 went ahead
+    assert "GiB free on " in done.stdout  # the room on its root, said at the run's start
+    runner = bench.root.parent / "root-g1" / "jobs" / "pipeline" / "run" / "state.json"
+    wait_for(runner.exists, 20, "g1's runner")

@@ -17,9 +17,10 @@ if TYPE_CHECKING:
     from local.host.verbs import RemoteHost
 
 
-def check(host: RemoteHost, console: Console, install: bool = False) -> list[dict[str, Any]]:
+def check(host: RemoteHost, console: Console, install: bool = False, verify: bool = False) -> list[dict[str, Any]]:
     """The host's checks, run from this checkout's code sent along (`call_sent`): nothing needs to be deployed.
-    `install`: first install pyproject's `host` extra into the host's Python."""
+    `install`: first install pyproject's `host` extra into the host's Python. `verify`: also check every
+    stored state against the size and checksum extract recorded (reads them all)."""
     from local.tasks import planning
 
     inventory = host.inventory
@@ -38,6 +39,6 @@ def check(host: RemoteHost, console: Console, install: bool = False) -> list[dic
                              model=specs.dumped(inventory.target, host.root)["model"],
                              server_url=inventory.stages.infer.server_url,
                              readiness=planning.readiness(inventory, host.root),
-                             extract_engine=inventory.stages.extract.engine)
+                             extract_engine=inventory.stages.extract.engine, verify=verify)
     console.print(tables.checks(results, f"checks on {host.name}"))
     return results

@@ -22,6 +22,20 @@ if TYPE_CHECKING:
     from local.inventory.values import Inventory
 
 
+def route_of(routes: dict[str, Any], name: str) -> str:
+    """The route planned for host `name`, or its planning's error raised again: with `hosts:`, a host that is
+    down or refused starts nothing and is named with the others' results (`Fleet.raise_failures`)."""
+    route = routes[name]
+    if isinstance(route, AerieError):
+        raise AerieError(f"not started: {route}")
+    return route
+
+
+def any_started(results: dict[str, Any]) -> bool:
+    """Whether some host's pipeline started (the rest are errors), so that there is a run to follow."""
+    return any(not isinstance(result, AerieError) for result in results.values())
+
+
 def run(host: RemoteHost, console: Console, datasets: list[str] | None, route: str, force: bool = False) -> dict[str, Any]:
     """Start the pipeline on the host for `route`, one remote command: under its runner, or (where the
     host's executor queues jobs itself) every job queued after the ones it needs. The host leaves out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from local.console import line
 from local.jobs import pipeline, specs
 from local.validation import samples
 from local.exceptions import AerieError
@@ -99,9 +100,12 @@ def require(host: RemoteHost, names: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
-def resolve(host: RemoteHost, names: list[str] | None = None) -> str:
-    """`require`, then the route this run takes: the configured one, or for auto the one that fits."""
+def resolve(host: RemoteHost, names: list[str] | None = None, console: Console | None = None) -> str:
+    """`require`, then the route this run takes: the configured one, or for auto the one that fits; with
+    `console`, first a line of the room on the host's root against what the plan expects the states to take."""
     result = require(host, names)
+    if console is not None:
+        console.print(line(room(host, result)))
     stages = host.inventory.stages
     if stages.extract.route != "auto" or not result["route"]:
         return stages.extract.route
@@ -110,3 +114,12 @@ def resolve(host: RemoteHost, names: list[str] | None = None) -> str:
     if refusal:
         raise AerieError(f"{host.name}: route {result['route']} (auto): {refusal}")
     return result["route"]
+
+
+def room(host: RemoteHost, result: dict[str, Any]) -> str:
+    """The room the host's root has, against the states `inv plan` expects extract to write."""
+    free = f"{result['free_bytes'] / 2**30:,.1f} GiB free on {host.name}:{host.root}"
+    if not result.get("stored_bytes"):
+        return f"{free}; the states' size is not known yet (needs prep's token counts and the target's config)"
+    return (f"{free}; extract is expected to write about {result['stored_bytes'] / 2**30:,.1f} GiB of states "
+            f"(route {result.get('route') or 'none that fits'}; `inv plan` has the figures)")

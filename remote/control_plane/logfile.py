@@ -73,6 +73,10 @@ def _size(path: Path) -> int:
         return 0
 
 
+#: The most of the log's unwritten end kept in memory.
+LOST_LIMIT = 8192
+
+
 class CappedLog:
     """The job's log as its supervisor writes it: appends, and past `limit` bytes (None: no limit)
     the oldest part cut. Thread-safe: the stage's output and the supervisor's own lines share it."""
@@ -86,6 +90,8 @@ class CappedLog:
         self.size = os.fstat(self._fd).st_size
         self.cut, self.header = marker_of(self._fd)
         self._stdio = False
+        #: The end of what a full disk kept out of the file: the supervisor's end state still tells it.
+        self.lost = b""
 
     def take_stdio(self) -> None:
         """Point this process's stdout and stderr at the log, now and after every cut, so that what
@@ -107,6 +113,12 @@ class CappedLog:
                     self.size += len(data)
             except OSError:  # a full disk: the stage goes on, and its end state says why it failed
                 self.size = os.fstat(self._fd).st_size
+                self.lost = (self.lost + data)[-LOST_LIMIT:]
+
+    def lost_line(self) -> str:
+        """The last line a full disk kept out of the log ("" when none was)."""
+        lines = [line.strip() for line in self.lost.decode(errors="replace").splitlines()]
+        return next((line for line in reversed(lines) if line and not line.startswith(SUPERVISOR_MARK)), "")
 
     def pump(self, source: int) -> None:
         """Copy everything from the pipe `source` into the log until every writer has closed it."""

@@ -41,10 +41,21 @@ RATE_WINDOW = 60.0
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write JSON to a temporary name beside `path`, then rename it into place."""
+    """Write JSON to a temporary name beside `path`, then rename it into place. A failed write (a full
+    disk) leaves no torn temporary behind and raises an `OSError` that names `path`, so that whoever
+    ends on it can say what could not be written (`remote.control_plane.disk.failed_write`)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload, sort_keys=True))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(payload, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if exc.filename is None or Path(exc.filename) == tmp:
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        raise
 
 
 def read_json(path: Path, default: Any = None) -> Any:
@@ -166,5 +177,10 @@ class Progress:
         self.flush()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.flush()
+    def __exit__(self, kind: object, *exc: object) -> None:
+        try:
+            self.flush()
+        except OSError:
+            if kind is None:
+                raise
+            # NOTE: what ended the stage is what it must say; a last count a full disk refused is not.

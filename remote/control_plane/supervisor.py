@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from remote.control_plane import cgroups, inference_server, scratch
+from remote.control_plane import cgroups, disk, inference_server, scratch
 from remote.control_plane.jobs import HEARTBEAT_SECONDS
 from remote.control_plane.logfile import SUPERVISOR_MARK, bounded, last_line, tail
 from remote.control_plane.layout import LOCK, LOG, PROGRESS, SERVER_LOG, SPEC, STATE, STOP
@@ -69,7 +69,8 @@ def end_state(exit_code: int, records: int, stopping: bool, signalled: signal.Si
 
 
 def end_message(state: JobState, exit_code: int, progress: dict[str, Any], log: Path, no_space: bool = False,
-                signalled: signal.Signals | None = None) -> str:
+                signalled: signal.Signals | None = None, lost: str = "") -> str:
+    """`lost`: the stage's last line that a full disk kept out of `log`, which then says it instead."""
     if state == JobState.DIED:
         name = (signalled or killed_by(exit_code) or signal.SIGKILL).name
         why = last_line(log, ERROR_LIMIT)
@@ -79,10 +80,13 @@ def end_message(state: JobState, exit_code: int, progress: dict[str, Any], log: 
         why = ", ".join(f"{reason} ×{count}" for reason, count in reasons) or "the stage reported no records"
         return f"exit 0 with zero records: {why}"
     if state == JobState.FAILED and no_space:
-        why = last_line(log, ERROR_LIMIT)
+        why = lost or last_line(log, ERROR_LIMIT)
+        # NOTE: a stage's own line names the path and the room left (remote.control_plane.disk): it is the message.
+        if why and scratch.NO_SPACE in why and "left of" in why:
+            return f"exit {exit_code}: {why}"
         return f"no space left on device: exit {exit_code}" + (f": {why}" if why and scratch.NO_SPACE not in why else "")
     if state == JobState.FAILED:
-        return f"exit {exit_code}: {last_line(log, ERROR_LIMIT)}"
+        return f"exit {exit_code}: {lost or last_line(log, ERROR_LIMIT)}"
     return progress.get("message", "")
 
 
@@ -222,8 +226,8 @@ class Supervisor:
             exit_code=exit_code,
             signal=getattr(self.signalled or killed_by(exit_code), "name", None),
             ended_at=time.time(),
-            message=bounded(end_message(ended, exit_code, progress, self.directory / LOG, no_space, self.signalled),
-                            2 * ERROR_LIMIT),
+            message=bounded(end_message(ended, exit_code, progress, self.directory / LOG, no_space, self.signalled,
+                                        self.log.lost_line() if self.log else ""), 2 * ERROR_LIMIT),
         )
         # The log's last line first: `inv logs --follow` ends when it reads the end state, and must have it.
         self._log_line(f"{SUPERVISOR_MARK} {ended.value}: exit {exit_code}, {records} records")
@@ -262,5 +266,22 @@ def write_state_last(path: Path, state: dict[str, Any]) -> None:
         handle.write(json.dumps(state, sort_keys=True).encode())
         handle.truncate()
 
+def main(directory: Path) -> int:
+    """Run the job; a full disk before its stage started (its record or log not writable) ends it
+    `failed` in one line naming what could not be written, never a traceback and a job left `running`."""
+    supervisor = Supervisor(directory)
+    try:
+        return supervisor.run()
+    except OSError as exc:
+        if not disk.is_no_room(exc) or (supervisor.child is not None and supervisor.child.poll() is None):
+            raise
+        line = disk.failed_write("supervisor", exc, directory)
+        state = read_mapping(directory / STATE)
+        state.update(state=JobState.FAILED.value, exit_code=1, ended_at=time.time(), message=line)
+        write_state_last(directory / STATE, state)
+        supervisor._log_line(line)
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(Supervisor(Path(sys.argv[1])).run())
+    sys.exit(main(Path(sys.argv[1])))

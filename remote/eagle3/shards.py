@@ -4,7 +4,7 @@ Layout under the extract stage's output directory::
 
     plan.json                 what these shards were made from (prep release, layers, model, ...)
     shard-00000/              a complete shard: records [0, shard_size) of prep's order
-        meta.json             {"shard": 0, "files": [...], "ids": [...]}
+        meta.json             {"shard": 0, "files": [...], "ids": [...], "sizes": [...], "checksum": "xxh3_64", "sums": [...]}
         data_000000000.ckpt   one record (see below)
     .shard-00001.tmp/         a shard being written; a restart deletes it and starts it again
     manifest.json             written last, when every shard is complete
@@ -26,17 +26,33 @@ A shard's files are written as ``*.part`` inside the hidden temporary
 directory and renamed to ``*.ckpt`` just before the directory itself is renamed
 into place, so a reader never sees a half-written shard, and a crash leaves
 nothing ending in ``.ckpt`` outside a complete shard.
+
+**Checked states.** A shard's ``meta.json`` keeps each file's size and checksum (``xxh3_64`` of the
+whole file; ``crc32`` where the writing Python lacks the xxhash package), taken from the bytes as
+they are written. `load_sample` checks them on every read (the size alone on a memory-mapped read,
+which touches only what it uses), `verify` checks a whole store on demand. A file that fails is
+never trained on: `condemn` turns its shard back into a torn one (the next extract redoes that shard
+alone), removes the extract's manifest, marks the dataset's extract job `failed` so that
+`inv rerun --failed` extracts it again, and the reader fails in one line naming the file, the shard
+and the dataset. A shard written before checksums existed is refused the same way (extract again):
+there is nothing to check it against, and an unchecked file is what this guards against.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import mmap
 import os
 import shutil
+import time
+import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NoReturn
 
+from remote.control_plane import layout
 from remote.control_plane.progress import read_json, write_json_atomic
+from remote.eagle3 import StageInputError
 
 SHARD_PREFIX = "shard-"
 TMP_SUFFIX = ".tmp"
@@ -97,7 +113,11 @@ class ShardStore:
         return ShardWriter(self.root, index)
 
     def sample_files(self) -> list[Path]:
-        """Every complete sample, in prep's order."""
+        """Every complete sample, in prep's order; a shard without checksums (an older aerie's) is
+        condemned (`BadState`) before anything of it is read."""
+        for index in self.complete_shards():
+            if "sums" not in self.meta(index):
+                condemn(self.shard_dir(index) / "meta.json", "has no checksums (extracted by an older aerie)")
         return sorted(p for index in self.complete_shards() for p in self.shard_dir(index).glob("*.ckpt"))
 
 
@@ -112,24 +132,198 @@ class ShardWriter:
         self.tmp.mkdir(parents=True)
         self.files: list[str] = []
         self.ids: list[str] = []
+        self.sizes: list[int] = []
+        self.sums: list[str] = []
 
     def add(self, record_index: int, sample: dict[str, Any]) -> None:
         import torch
 
         name = sample_name(record_index)
-        torch.save(sample, self.tmp / f"{name}.part")
+        buffer = io.BytesIO()
+        torch.save(sample, buffer)
+        data = buffer.getbuffer()
+        path = self.tmp / f"{name}.part"
+        try:
+            with open(path, "wb") as handle:
+                handle.write(data)
+        except OSError as exc:
+            self.abandon()  # a full disk gets back what this shard took
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         self.files.append(name)
         self.ids.append(str(sample.get("id", "")))
+        self.sizes.append(len(data))
+        self.sums.append(checksum(data))
 
     def commit(self) -> None:
         for name in self.files:
             os.replace(self.tmp / f"{name}.part", self.tmp / name)
-        write_json_atomic(self.tmp / "meta.json", {"shard": self.index, "files": self.files, "ids": self.ids})
+        try:
+            write_json_atomic(self.tmp / "meta.json", {"shard": self.index, "files": self.files, "ids": self.ids,
+                                                       "sizes": self.sizes, "checksum": ALGORITHM, "sums": self.sums})
+        except OSError:
+            self.abandon()
+            raise
         os.replace(self.tmp, self.final)
+
+    def abandon(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+# -- checksums -------------------------------------------------------------------------------
+
+
+def _algorithm() -> tuple[str, Callable[[Any], str]]:
+    try:
+        import xxhash
+    except ImportError:  # a SpecForge environment without it (the SGLang capture writes there)
+        return "crc32", lambda data: f"{zlib.crc32(data):08x}"
+    return "xxh3_64", lambda data: xxhash.xxh3_64_hexdigest(data)
+
+
+ALGORITHM, checksum = _algorithm()
+POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux's; elsewhere the pages fault in as the hash reads them
+
+
+def checksum_of(algorithm: str, data: Any) -> str:
+    """`data`'s checksum by the algorithm a shard's meta names."""
+    if algorithm == ALGORITHM:
+        return checksum(data)
+    if algorithm == "crc32":
+        return f"{zlib.crc32(data):08x}"
+    raise StageInputError(f"states checked with {algorithm}, which this Python cannot compute: pip install xxhash on the host")
+
+
+class BadState(StageInputError):
+    """A stored state file that is not what extract wrote (or cannot be checked); its shard is condemned."""
+
+
+def _expected(path: Path) -> tuple[int, str, str] | None:
+    """(size, algorithm, checksum) of `path` by its shard's meta; None for a file outside any shard
+    (no meta.json beside it: a test's or a tool's own file)."""
+    meta = _meta(path.parent)
+    if meta is None:
+        return None
+    if path.name not in meta["index"]:
+        condemn(path, "is not in its shard's meta.json")
+    i = meta["index"][path.name]
+    if "sums" not in meta:
+        condemn(path, "has no checksum (extracted by an older aerie)")
+    return meta["sizes"][i], meta.get("checksum", "xxh3_64"), meta["sums"][i]
+
+
+_METAS: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}
+
+
+def _meta(directory: Path) -> dict[str, Any] | None:
+    """A shard's meta.json, read once per version of it (a redone shard has a new one)."""
+    path = directory / "meta.json"
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    key = (stat.st_ino, stat.st_mtime_ns)
+    kept = _METAS.get(str(directory))
+    if kept is None or kept[0] != key:
+        meta = read_json(path, {})
+        meta["index"] = {name: i for i, name in enumerate(meta.get("files", []))}
+        kept = _METAS[str(directory)] = (key, meta)
+    return kept[1]
 
 
 def load_sample(path: Path, mmap: bool = False) -> dict[str, Any]:
-    """One record; with `mmap` only the tensors actually touched are read from disk."""
+    """One record, checked against its shard's meta: its size, and unless `mmap` its checksum (with `mmap`
+    only the tensors actually touched are read from disk, and hashing would read them all).
+
+    The tensors are memory-mapped either way: the checksum's pass brings the file into the page cache
+    and the tensors are read from there, so a checked read costs one pass over the file, as a plain
+    ``torch.load`` does (docs/benchmarks.md)."""
     import torch
 
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    path = Path(path)
+    expected = _expected(path)
+    if expected is not None:
+        _check(path, expected, whole=not mmap)
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
+def _check(path: Path, expected: tuple[int, str, str], whole: bool) -> int:
+    """`path`'s size, and with `whole` its checksum, against what extract recorded; its size."""
+    size_, algorithm, sum_ = expected
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        condemn(path, "is missing (its shard's meta.json lists it)")
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size != size_:
+            condemn(path, f"is {size} bytes where extract wrote {size_} ({'truncated' if size < size_ else 'grown'})")
+        if whole and size:
+            # NOTE: populated in one call: a page fault per 4 KiB page costs more than the hash itself.
+            with mmap.mmap(handle.fileno(), 0, flags=mmap.MAP_SHARED | POPULATE, prot=mmap.PROT_READ) as view:
+                found = checksum_of(algorithm, view)
+            if found != sum_:
+                condemn(path, f"does not match its {algorithm} checksum (its bytes changed since extract wrote them)")
+    return size
+
+
+def verify(root: Path, beat: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Every complete shard of the store at `root` read and checked (`BadState` at the first bad file);
+    counts of files and bytes checked."""
+    files = total = 0
+    for path in ShardStore(root).sample_files():
+        expected = _expected(path)
+        if expected is None:  # its shard was condemned or redone since it was listed
+            condemn(path, "lost its shard's meta.json while it was being verified")
+        files, total = files + 1, total + _check(path, expected, whole=True)
+        beat()
+    return {"files": files, "bytes": total}
+
+
+# -- a bad file: its shard redone ---------------------------------------------------------------
+
+
+def condemn(path: Path, problem: str) -> NoReturn:
+    """Mark the shard of `path` for extract to redo, and raise `BadState` naming the file, the shard and
+    the dataset. Its shard becomes a torn one (extract deletes and redoes exactly those), the extract's
+    manifest goes (nothing trains on the store until extract has run again), and the dataset's
+    extract job, when this is a pipeline's store, is recorded `failed` so that `inv rerun --failed`
+    runs it before train again."""
+    shard = path.parent
+    store = shard.parent
+    dataset, job = _owner(store)
+    redo = f"`inv rerun --failed` extracts {shard.name} again" if job else f"extract {store} again"
+    line = f"{path} {problem}: shard {shard.name} of {dataset} is marked for extract again; {redo}, then trains"
+    if shard.name.startswith(SHARD_PREFIX):
+        torn = store / f".{shard.name}{TMP_SUFFIX}"
+        shutil.rmtree(torn, ignore_errors=True)
+        try:
+            os.replace(shard, torn)
+        except OSError:
+            pass  # condemned already by another reader of this run
+    (store / "manifest.json").unlink(missing_ok=True)
+    if job:
+        _mark_failed(job, line)
+    raise BadState(line)
+
+
+def _owner(store: Path) -> tuple[str, Path | None]:
+    """(the dataset named as a user knows it, the extract job's directory when a pipeline's job wrote
+    `store`). A chunked route's chunk belongs to its draft/chunked job, which redoes it itself."""
+    if store.name == "extract" and len(store.parents) > 2 and store.parents[1].name == layout.DATA:
+        root, dataset = store.parents[2], store.parent.name
+        job = layout.job_dir(root, dataset, "extract")
+        return f"dataset {dataset}", job if (job / layout.STATE).is_file() else None
+    return f"{store.parent.name} ({store.parent.parent.name})", None
+
+
+def _mark_failed(job: Path, line: str) -> None:
+    """The extract job's record says it failed, unless it is running (a run that is writing anew)."""
+    from remote.control_plane.store import JobStore  # here: a clean read never needs it
+
+    store = JobStore(layout.root_of(job))
+    with store.locked(job):
+        state = read_json(job / layout.STATE, {})
+        if not isinstance(state, dict) or state.get("state") not in ("succeeded", "empty"):
+            return
+        state.update(state="failed", ended_at=time.time(), message=f"its states failed a check: {line}")
+        write_json_atomic(job / layout.STATE, state)

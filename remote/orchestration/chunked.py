@@ -295,7 +295,9 @@ class Chunked:
         self.progress.metrics(**{"pass": index + 1, "chunk": position + 1, "chunks": len(chunks)})
         directory = self.out / f"chunk-{k:05d}"
         records, tokens = self.layout["records"][k], self.layout["tokens"][k]
-        if phase == "extract":
+        # NOTE: a chunk without its extract manifest had a state file fail its check (remote.eagle3.shards):
+        # extracted again (its bad shard only) before it is trained on.
+        if phase == "extract" or not (directory / "extract" / "manifest.json").is_file():
             self.progress.note(f"{where}: extracting {records} records")
             began = time.monotonic()
             self.extract_chunk(directory, chunks[k], skips=index == 0)

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from remote.control_plane import inference_server, jobs, layout, notify
+from remote.control_plane import disk, inference_server, jobs, layout, notify
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.control_plane.states import JobState
 from remote.control_plane.store import BrokenJob, JobStore, read_object
@@ -287,8 +287,33 @@ def main() -> int:
     try:
         with Progress.from_env() as progress, notify.watching(ctx.root, ctx.stage_config):
             return Runner(ctx, progress).run()  # how it ended: `Runner.ended`, and why: `Runner.summary`
+    except OSError as exc:
+        # NOTE: its own bookkeeping (progress, the jobs' records, the server's) could not be written, a
+        # full disk most often: the run ends in one line, and no job is left waiting on a runner gone.
+        line = disk.failed_write("pipeline", exc, ctx.root)
+        end_unstarted(ctx.root, ctx.stage_config.get("plan") or [], line)
+        print(line, file=sys.stderr, flush=True)
+        return 1
     finally:  # ended, failed or stopped (`_on_term`): word of it, read from the jobs' states
         notify.run_ended(ctx.root, ctx.stage_config)
+
+
+def end_unstarted(root: Path, plan: list[dict[str, Any]], line: str) -> None:
+    """Every job the runner recorded `waiting` becomes `blocked` by the runner, which `inv rerun --failed`
+    resumes; written in place where a full disk refuses a new file."""
+    from remote.control_plane.supervisor import write_state_last
+
+    for node in plan:
+        path = layout.key_dir(root, node["key"]) / layout.STATE
+        state = read_json(path, {})
+        if isinstance(state, dict) and state.get("state") == JobState.WAITING.value:
+            ended = {k: v for k, v in state.items() if k not in ("pid", "pid_start", "boot_id", "waiting_for")}
+            ended.update(state=JobState.BLOCKED.value, blocked_by=[layout.RUNNER_KEY], ended_at=time.time(),
+                         message=f"not started: {line}")
+            try:
+                write_state_last(path, ended)
+            except OSError:
+                pass  # its record still names the runner, which is gone: status says so
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from remote.control_plane import layout
+from remote.control_plane import disk, layout
 from remote.control_plane.progress import Progress
 from remote.control_plane.stage_contract import (
     CONFIG_ENV, DATA_ENV, DATASET_ENV, KIND_ENV, OUTPUT_ENV, RELEASE_ENV, ROOT_ENV, SOURCE_ENV, STAGE_ENV,
@@ -99,11 +99,24 @@ class StageContext:
 
 def main(name: str, run: Callable[[StageContext, Progress], object], refusals: tuple[type[Exception], ...]) -> None:
     """A stage's entry point: its context and progress, and a refusal (a `refusals` error: a
-    mistake the user can fix) as one line on stderr and exit 1, never a traceback."""
+    mistake the user can fix) or a full disk (the path and the room left) as one line on stderr
+    and exit 1, never a traceback."""
     ctx = StageContext.from_env()
-    with Progress.from_env() as progress:
-        try:
-            run(ctx, progress)
-        except refusals as exc:
-            progress.note(str(exc))
-            raise SystemExit(f"{name}: {exc}") from None
+    try:
+        with Progress.from_env() as progress:
+            try:
+                run(ctx, progress)
+            except refusals as exc:
+                _say(progress, str(exc))
+                raise SystemExit(f"{name}: {exc}") from None
+    except OSError as exc:
+        if not disk.is_no_room(exc):
+            raise
+        raise SystemExit(disk.failed_write(name, exc, ctx.output)) from None
+
+
+def _say(progress: Progress, line: str) -> None:
+    try:
+        progress.note(line)
+    except OSError:
+        pass  # a full disk: the line still ends the stage

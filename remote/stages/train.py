@@ -127,6 +127,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         return run_specforge(ctx, settings, None, progress)  # the online route: no states on disk
     extracted = read_extract_manifests(ctx.inputs("extract"))
     if settings.engine == "specforge":
+        _verify_for_specforge(ctx, progress)
         return run_specforge(ctx, settings, extracted, progress)
     return run_aerie(ctx, settings, extracted, progress)
 
@@ -204,6 +205,16 @@ def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
     write_json_atomic(ctx.output / "manifest.json", manifest)
     write_json_atomic(ctx.output / "history.json", history)
     return manifest
+
+
+def _verify_for_specforge(ctx: StageContext, progress: Progress) -> None:
+    """Every state SpecForge will read, checked first: its own processes read the files, out of reach of
+    the check `load_sample` makes (a bad file fails here in one line, marked for extract again)."""
+    from remote.eagle3 import shards
+
+    for directory in ctx.inputs("extract"):
+        progress.note(f"verifying the states in {directory}")
+        shards.verify(directory, progress.beat)
 
 
 def _reporter(ctx: StageContext, settings: TrainSettings, step: int) -> reporting.Reporter:
