@@ -119,7 +119,7 @@ def launch(module: str, nproc: int) -> int:
             return REFUSED
         why = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
         print(f"{module.rsplit('.', 1)[-1]}: rank {rank} of {nproc} {why}; the others were stopped "
-              "(inv rerun --failed goes on from the last checkpoint)", file=sys.stderr, flush=True)
+              "(`inv rerun --failed` goes on from the last checkpoint)", file=sys.stderr, flush=True)
         return 1
     return 0
 

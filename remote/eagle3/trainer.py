@@ -162,17 +162,12 @@ def train(
 ) -> TrainState:
     """Train `draft` in place; `samples` are loaded lazily with `load` (records may not fit in memory).
 
-    From `state` (a saved `TrainState`) it goes on where that run stopped: the
-    optimizer and schedule as they were, the epoch and batch position skipped
-    to (or, for a state over other data, only the optimizer and the step
-    count). `on_checkpoint` gets the state every `checkpoint_every` steps and
-    at the end of every epoch; the final state is returned. `schedule_steps`
-    sizes the cosine schedule when this call is one part of a longer run (a chunk); the learning
-    rate rises over its first `warmup_steps`.
-
-    In a `world` of several processes (`remote.eagle3.distributed`), `batch_size` records per
-    process make one global batch; every rank calls this with the same `samples` and trains
-    on its share, and the callbacks get the figures averaged over the ranks.
+    From `state` (a saved `TrainState`) it goes on where that run stopped (for a state over other data,
+    only the optimizer and the step count). `on_checkpoint` gets the state every `checkpoint_every` steps
+    and after every epoch. `schedule_steps` sizes the cosine schedule when this call is one chunk of a
+    longer run; the learning rate rises over its first `warmup_steps`. In a `world` of several processes
+    (`remote.eagle3.distributed`) every rank gets the same `samples` and trains on its share of each
+    global batch (`batch_size` per process); the callbacks get the figures averaged over the ranks.
     """
     dtype = draft.fc.weight.dtype
     state = state or TrainState(world=world.size)

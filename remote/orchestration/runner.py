@@ -31,7 +31,7 @@ from typing import Any
 
 from remote.control_plane import disk, inference_server, jobs, layout, notify
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
-from remote.control_plane.states import JobState
+from remote.control_plane.states import RUNNER, JobState
 from remote.control_plane.store import BrokenJob, JobStore, read_object
 from remote.orchestration import extract_session
 from remote.stages import StageContext
@@ -290,7 +290,7 @@ def main() -> int:
     except OSError as exc:
         # NOTE: its own bookkeeping (progress, the jobs' records, the server's) could not be written, a
         # full disk most often: the run ends in one line, and no job is left waiting on a runner gone.
-        line = disk.failed_write("pipeline", exc, ctx.root)
+        line = disk.failed_write(RUNNER, exc, ctx.root)
         end_unstarted(ctx.root, ctx.stage_config.get("plan") or [], line)
         print(line, file=sys.stderr, flush=True)
         return 1

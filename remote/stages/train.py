@@ -154,17 +154,7 @@ def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
     epochs, per_step = settings.epochs, settings.batch_size * world.size
     state = _resume_state(ctx, draft, files, settings, progress, world.size)
     draft.to(device)
-    evaluation = epoch_0 = None
-    if world.is_main:
-        evaluation = heldout.EpochEvaluation(heldout_files, load_sample, settings.eval_steps, settings.max_length,
-                                             ctx.output / plot.PLOT_NAME, progress)
-        # NOTE: the epochs before the one this run goes on from were measured by earlier runs: the manifest
-        # still reports them (a run resumed after its last step measures nothing, yet had an accept length).
-        evaluation.restore(through=state.epoch)
-        if state.step == 0:  # nothing trained yet: epoch 0 is the draft as it starts, what the data is measured against
-            epoch_0 = evaluation.before_training(draft, head)
-            if epoch_0 is not None:  # kept unless an epoch measures at least as well (`remote.eagle3.kept`)
-                _save_draft(ctx, draft, extracted, 0, kept.DRAFT)
+    evaluation = _evaluation(ctx, settings, draft, head, extracted, heldout_files, state, progress) if world.is_main else None
     schedule_steps = int(ctx.stage_config.get("schedule_steps") or 0)  # NOTE: .get: only the chunked driver sends it
     total_steps = schedule_steps or epochs * -(-len(files) // per_step)
     progress.expect(epochs * -(-len(files) // per_step), by="step")
@@ -187,6 +177,28 @@ def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
     if not world.is_main:
         return {}
     observer.close()
+    return _finish(ctx, settings, draft, extracted, config, len(files), evaluation, earlier, history, state.step,
+                   time.time() - started, world.size, progress)
+
+
+def _evaluation(ctx: StageContext, settings: TrainSettings, draft: Any, head: Any, extracted: dict[str, Any],
+                heldout_files: list[Path], state: Any, progress: Progress) -> heldout.EpochEvaluation:
+    """Rank 0's held-out measurement; before a new run trains, epoch 0 (the draft as it starts) measured and kept."""
+    evaluation = heldout.EpochEvaluation(heldout_files, load_sample, settings.eval_steps, settings.max_length,
+                                         ctx.output / plot.PLOT_NAME, progress)
+    # NOTE: the epochs before the one this run goes on from were measured by earlier runs: the manifest
+    # still reports them (a run resumed after its last step measures nothing, yet had an accept length).
+    evaluation.restore(through=state.epoch)
+    if state.step == 0 and evaluation.before_training(draft, head) is not None:
+        _save_draft(ctx, draft, extracted, 0, kept.DRAFT)  # kept unless an epoch measures at least as well (`remote.eagle3.kept`)
+    return evaluation
+
+
+def _finish(ctx: StageContext, settings: TrainSettings, draft: Any, extracted: dict[str, Any], config: dict[str, Any],
+            records: int, evaluation: heldout.EpochEvaluation, earlier: list[dict[str, Any]], history: list[dict[str, Any]],
+            step: int, seconds: float, nproc: int, progress: Progress) -> dict[str, Any]:
+    """Rank 0's end of a run: the plot, the drafts a run resumed after its last step left, the manifest."""
+    epochs = settings.epochs
     evaluation.draw()
     if not history:  # resumed after the last step: the saved drafts are the result
         if not (ctx.output / kept.LAST).is_dir():
@@ -194,9 +206,9 @@ def run_aerie(ctx: StageContext, settings: TrainSettings, extracted: dict[str, A
         if not (ctx.output / kept.DRAFT).is_dir():
             _save_draft(ctx, draft, extracted, epochs, kept.DRAFT)
     history = earlier + history
-    manifest = _aerie_manifest(ctx, extracted, config, len(files), epochs, history, state.step, time.time() - started)
-    manifest.update(evaluation.manifest(), init_draft=settings.init_draft, nproc=world.size,
-                    batch_size=settings.batch_size, global_batch=per_step)
+    manifest = _aerie_manifest(ctx, extracted, config, records, epochs, history, step, seconds)
+    manifest.update(evaluation.manifest(), init_draft=settings.init_draft, nproc=nproc,
+                    batch_size=settings.batch_size, global_batch=settings.batch_size * nproc)
     chosen = evaluation.kept_epoch()
     if chosen is not None:  # what `inv status` shows: the kept draft's figures, not the last epoch's
         progress.metrics(**chosen.metrics())
