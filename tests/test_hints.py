@@ -173,7 +173,8 @@ def test_a_stopped_job_of_a_stage_only_a_runner_starts_is_never_sent_to_launch()
     assert status_data.next_step(stopped, "failed") == (
         "`inv rerun --failed` resumes its pipeline, which starts it again")
     assert status_data.next_step(stopped, "running").endswith("again, once its runner has ended")
-    assert status_data.next_step(stopped, "stopped") == "`inv run` starts the pipeline again"
+    assert status_data.next_step(stopped, "stopped") == "`inv rerun --failed` continues the stopped run"
+    assert status_data.next_step(stopped) == "`inv run` starts the pipeline again"  # no runner shown: a new run
     assert status_data.next_step(job("A3", "extract", "stopped")) == (
         "`inv launch --stage extract --dataset A3` starts it again")
 
@@ -216,7 +217,8 @@ def test_a_stopped_tokenize_job_s_hint_typed_starts_it(tmp_path: Path, free_port
     bench.wait_state("B/tokenize", {"running"}, timeout=90)
     assert "stopped B/tokenize" in bench.inv("stop", "--dataset", "B", "--stage", "tokenize").stdout
     jobs = wait_pipeline(bench)
-    assert (jobs["B/tokenize"]["state"], jobs["B/extract"]["state"]) == ("stopped", "blocked")
+    # The runner ends the stopped run: what it had not started is recorded stopped too (issue 37).
+    assert (jobs["B/tokenize"]["state"], jobs["B/extract"]["state"], jobs["pipeline/run"]["state"]) == ("stopped",) * 3
 
     hint = _hint_of(bench.inv("status", check=False).stdout, "B", "tokenize")
     assert hint == "inv rerun --failed"  # launch takes no tokenize stage: the runner's pipeline resumes

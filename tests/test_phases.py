@@ -90,7 +90,7 @@ def test_a_new_run_shows_its_own_jobs_queued_and_starts_each_only_after_its_need
     bench.inv("run")
     assert all(job["state"] == "succeeded" for job in wait_pipeline(bench).values())
 
-    bench.inv("run")  # over a root where every job has succeeded
+    bench.inv("run", "--force")  # every job again, over a root where every job has succeeded (up to date)
     first = bench.poll()
     states = {k: j["state"] for k, j in first.items() if k != "pipeline/run"}
     assert set(states.values()) <= {"waiting", "running"}, states  # this run's jobs, never the last run's

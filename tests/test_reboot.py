@@ -57,23 +57,23 @@ def is_gone(pid: int) -> bool:
 def test_rerun_after_a_reboot_never_signals_the_process_that_took_the_servers_pid(bench: Bench, free_port: int) -> None:
     plans = bench.root.parent / "plans"
     pipeline_inventory(bench, plans, free_port)
-    (plans / "A.tokenize").write_text("records=1 hold=300")  # the server stays up until extract needs the GPU
+    (plans / "A.infer").write_text("records=1 hold=300")  # the server is up while an infer job runs
     bench.inv("deploy")
     bench.inv("run")
-    bench.wait_state("A/tokenize", {"running"}, timeout=90)
+    bench.wait_state("A/infer", {"running"}, timeout=90)
     record_path = bench.root / "jobs" / "pipeline" / "server.json"
     server = json.loads(record_path.read_text())
 
     # The reboot: every job's group and the server end at once, without a word to their records.
     groups = [json.loads((bench.root / "jobs" / key / "state.json").read_text())["pgid"]
-              for key in ("pipeline/run", "A/tokenize")]
+              for key in ("pipeline/run", "A/infer")]
     for pgid in [*groups, server["pid"]]:
         kill_group(pgid)
     wait_for(lambda: all(is_gone(p) for p in [*groups, server["pid"]]), 10, "the 'reboot' to end everything")
     bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)  # another user's session leader
     try:
         record_path.write_text(json.dumps({**server, "pid": bystander.pid}))  # the pid, handed on
-        (plans / "A.tokenize").write_text("records=1")
+        (plans / "A.infer").write_text("records=1")
 
         status = bench.inv("status", check=False)
         assert status.returncode == 1 and "died" in status.stdout, status.stdout

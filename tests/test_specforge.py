@@ -129,7 +129,8 @@ def test_the_real_specforge_trains_offline_checkpoints_every_n_steps_exports_sta
     notes = Notes()  # the user edits epochs: SpecForge would refuse to resume ("written with num_epochs=1 ...")
     changed, _ = run_train(bf16_extracted["root"], tiny_target, "sf-real", {**settings, "epochs": 2}, notes, **inputs)
     assert changed["run_id"] != run_id and changed["checkpoint"].endswith(f"{changed['run_id']}-step20")
-    assert notes.lines[0] == (f"settings changed since SpecForge run {run_id} (num_epochs 1 -> 2): training afresh "
+    assert notes.lines[0].startswith("verifying the states in ")  # every file checked before SpecForge reads it
+    assert notes.lines[1] == (f"settings changed since SpecForge run {run_id} (num_epochs 1 -> 2): training afresh "
                               f"as {changed['run_id']}; the earlier run's checkpoints stay in {out / 'specforge'}")
     assert_sglang_draft(out, tiny_target)
 

@@ -75,7 +75,9 @@ def next_step(job: Job, runner: str | None = None) -> str:
         return ""
     if stage == "eval":
         return f"{hints.inv('eval')} starts it again"
-    if dataset in (DRAFT, RUNNER) or (stage in hints.PIPELINE_ONLY and runner in (None, JobState.STOPPED.value)):
+    if runner == JobState.STOPPED.value and (dataset in (DRAFT, RUNNER) or stage in hints.PIPELINE_ONLY):
+        return f"{hints.inv('rerun', failed=True)} continues the stopped run"
+    if dataset in (DRAFT, RUNNER) or (stage in hints.PIPELINE_ONLY and runner is None):
         return f"{hints.inv('run')} starts the pipeline again"
     if stage in hints.PIPELINE_ONLY:
         when = "" if runner and JobState(runner).is_terminal() else ", once its runner has ended"

@@ -44,11 +44,16 @@ def save(draft: Eagle3Draft, directory: Path, extra: dict[str, Any] | None = Non
     (tmp / "config.json").write_text(json.dumps(draft.config, indent=2, sort_keys=True))
     if extra:
         (tmp / "aerie.json").write_text(json.dumps(extra, indent=2, sort_keys=True))
+    return promote(tmp, directory)
+
+
+def promote(written: Path, directory: Path) -> Path:
+    """A whole checkpoint written at `written` put in `directory`'s place (the old one, if any, removed)."""
     old = directory.with_name(f".{directory.name}.old")
     shutil.rmtree(old, ignore_errors=True)
     if directory.exists():
         os.replace(directory, old)
-    os.replace(tmp, directory)
+    os.replace(written, directory)
     shutil.rmtree(old, ignore_errors=True)
     return directory
 

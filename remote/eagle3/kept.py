@@ -16,6 +16,9 @@ from typing import Any
 from remote.eagle3.epochs import EpochRecord
 
 DRAFT, LAST = "draft", "last"
+#: Epoch 0's draft, held aside until an epoch has trained on every record: a run that fails on its
+#: first read of the states leaves no ``draft/`` it never trained.
+START = ".start"
 
 
 def best(epochs: list[EpochRecord]) -> EpochRecord | None:

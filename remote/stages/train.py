@@ -190,8 +190,22 @@ def _evaluation(ctx: StageContext, settings: TrainSettings, draft: Any, head: An
     # still reports them (a run resumed after its last step measures nothing, yet had an accept length).
     evaluation.restore(through=state.epoch)
     if state.step == 0 and evaluation.before_training(draft, head) is not None:
-        _save_draft(ctx, draft, extracted, 0, kept.DRAFT)  # kept unless an epoch measures at least as well (`remote.eagle3.kept`)
+        _save_draft(ctx, draft, extracted, 0, kept.START)  # kept unless an epoch measures at least as well (`remote.eagle3.kept`)
     return evaluation
+
+
+def _settle_start(ctx: StageContext, evaluation: heldout.EpochEvaluation) -> None:
+    """Epoch 0's draft put in ``draft/`` while it is the one kept, or dropped once an epoch beats it (for good:
+    the best only rises)."""
+    from remote.eagle3 import checkpoint
+
+    start, chosen = ctx.output / kept.START, evaluation.kept_epoch()
+    if not start.is_dir():
+        return
+    if chosen is not None and chosen.epoch == 0:
+        checkpoint.promote(start, ctx.output / kept.DRAFT)
+    else:
+        shutil.rmtree(start, ignore_errors=True)
 
 
 def _finish(ctx: StageContext, settings: TrainSettings, draft: Any, extracted: dict[str, Any], config: dict[str, Any],
@@ -200,6 +214,7 @@ def _finish(ctx: StageContext, settings: TrainSettings, draft: Any, extracted: d
     """Rank 0's end of a run: the plot, the drafts a run resumed after its last step left, the manifest."""
     epochs = settings.epochs
     evaluation.draw()
+    _settle_start(ctx, evaluation)
     if not history:  # resumed after the last step: the saved drafts are the result
         if not (ctx.output / kept.LAST).is_dir():
             _save_draft(ctx, draft, extracted, epochs, kept.LAST)
@@ -324,6 +339,7 @@ def _aerie_callbacks(ctx: StageContext, draft, head, extracted: dict[str, Any], 
         best = kept.is_best(measured, evaluation.epochs)
         if best:
             _save_draft(ctx, draft, extracted, epoch, kept.DRAFT)
+        _settle_start(ctx, evaluation)
         accept = "" if measured.accept_length is None else f", held-out accept length {measured.figure()}"
         where = f"{kept.DRAFT}/ and {kept.LAST}/" if best else f"{kept.LAST}/ ({kept.DRAFT}/ keeps epoch {evaluation.kept_epoch().epoch})"
         progress.note(f"epoch {epoch}/{epochs} saved to {where}{accept}")
