@@ -187,3 +187,28 @@ def test_the_host_takes_the_secrets_out_of_the_arguments_and_names_a_missing_one
     with pytest.raises(secrets.MissingSecret, match="the secret AERIE_T_HELD was not given to this run"):
         secrets.expand("x-${AERIE_T_HELD}")
     assert secrets.mask("GET https://h/abc failed: abc", ["https://h/abc", "abc"]) == "GET *** failed: ***"
+
+
+def test_specforge_env_is_sealed_in_the_extract_spec_and_filled_in_for_the_capture_workers(tmp_path: Path) -> None:
+    from local.jobs import specs
+    from remote.eagle3 import StageInputError, sglang_engine
+
+    path = tmp_path / "inv.yaml"
+    path.write_text(json.dumps({"backend": "local", "host": {"root": str(tmp_path / "root")},
+                                "stages": {"extract": {"specforge_env": {"HF_TOKEN": "hf-literal", "HOME_DIR": "${MY_DIR}"}}}}))
+    inventory = load(str(path))
+    sealed = specs.stage_config(inventory, "extract")["stage"]["specforge_env"]
+    assert sealed == {"HF_TOKEN": "${AERIE_SECRET_STAGES_EXTRACT_SPECFORGE_ENV_HF_TOKEN}", "HOME_DIR": "${MY_DIR}"}
+    assert "hf-literal" not in json.dumps(specs.stage_config(inventory, "extract"))
+    sent = secret_values.values(inventory, {"MY_DIR": "/opt/sf"})
+    assert sent == {"MY_DIR": "/opt/sf", "AERIE_SECRET_STAGES_EXTRACT_SPECFORGE_ENV_HF_TOKEN": "hf-literal"}
+    os.environ.update(sent)
+    try:
+        env = sglang_engine.environment(sealed)
+        assert (env["HF_TOKEN"], env["HOME_DIR"]) == ("hf-literal", "/opt/sf")
+    finally:
+        for name in sent:
+            os.environ.pop(name, None)
+    with pytest.raises(StageInputError, match=r"^stages.extract.specforge_env: the secret \w+ was not given to this run") as refused:
+        sglang_engine.environment(sealed)
+    assert "hf-literal" not in str(refused.value)

@@ -26,6 +26,8 @@ REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 MASK = "***"
 #: The prefix of a sealed literal's name (the host's jobs see it as an environment variable).
 SEALED_PREFIX = "AERIE_SECRET_"
+#: The environment mappings of a stage's settings that reach the host sealed (`seal_env`).
+SEALED_ENVS = ("server_env", "specforge_env")
 #: Keys whose values (a mapping's, or the value itself) are never shown: they may hold a secret.
 SECRET_KEYS = frozenset({"env", "server_env", "specforge_env", "url"})
 
@@ -53,8 +55,10 @@ def seal_env(location: str, env: Mapping[str, str]) -> dict[str, str]:
 
 def sealable(inventory: Inventory) -> dict[str, str]:
     """Every value of the inventory that may hold a secret, by location."""
-    found = {f"stages.{stage}.server_env.{key}": value
-             for stage, env in (("infer", inventory.stages.infer.server_env), ("eval", inventory.stages.eval.server_env))
+    found = {f"stages.{stage}.{field}.{key}": value
+             for stage, field, env in (("infer", "server_env", inventory.stages.infer.server_env),
+                                       ("eval", "server_env", inventory.stages.eval.server_env),
+                                       ("extract", "specforge_env", inventory.stages.extract.specforge_env))
              for key, value in env.items()}
     if inventory.notify is not None and inventory.notify.url:
         found["notify.url"] = inventory.notify.url

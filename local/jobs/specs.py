@@ -120,8 +120,9 @@ def stage_config(inventory: Inventory, stage: str) -> dict[str, Any]:
     """The stage's settings and the target, `{root}` made the host's: the part of `config` every job has."""
     name = settings_of(stage)
     values = stage_settings(inventory.stage(name), inventory.host.root)
-    if "server_env" in values:  # infer's: the stage reads its server's settings, never a secret in clear
-        values["server_env"] = secret_values.seal_env(f"stages.{name}.server_env", values["server_env"])
+    for field in secret_values.SEALED_ENVS:  # infer's server, extract's SpecForge: never a secret in clear
+        if field in values:
+            values[field] = secret_values.seal_env(f"stages.{name}.{field}", values[field])
     return {"stage": values, "inventory": shared_config(inventory)}
 
 

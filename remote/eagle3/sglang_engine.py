@@ -48,7 +48,15 @@ def command(python: str, nproc: int, spec: dict[str, Any]) -> list[str]:
 
 def environment(extra: dict[str, str]) -> dict[str, str]:
     """The stage's environment with ``stages.extract.specforge_env`` over it; the release directory stays
-    on PYTHONPATH, after the given one, so the workers import this aerie."""
+    on PYTHONPATH, after the given one, so the workers import this aerie. A ``${NAME}`` in it (a secret, or a
+    literal the workstation sealed) is filled in from this process's environment, where the secrets are held."""
+    from remote.control_plane import secrets
+    from remote.eagle3 import StageInputError
+
+    try:
+        extra = secrets.expand_env(extra)
+    except secrets.MissingSecret as exc:
+        raise StageInputError(f"stages.extract.specforge_env: {exc}") from None
     env = {**os.environ, **extra, "PYTHONUNBUFFERED": "1"}
     paths = [extra.get("PYTHONPATH", ""), os.getcwd(), os.environ.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
