@@ -143,6 +143,9 @@ def stop(world: World) -> None:
     import torch.distributed as dist
 
     if world.is_distributed and dist.is_initialized():
+        # NOTE: every rank leaves together: a rank that tears its gloo group down while rank 0 still
+        # measures and saves the last epoch can abort in gloo's threads (SIGABRT) as it exits.
+        dist.barrier()
         dist.destroy_process_group()
 
 
