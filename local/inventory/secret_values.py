@@ -17,13 +17,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from local.exceptions import AerieError
+# The host expands what the workstation writes: one spelling of a reference and of a masked value.
+from remote.control_plane.secrets import MASK, REFERENCE
 
 if TYPE_CHECKING:
     from local.inventory.values import Inventory
 
-#: A reference to a secret: ``${NAME}``, expanded on the host from the job's environment.
-REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-MASK = "***"
 #: The prefix of a sealed literal's name (the host's jobs see it as an environment variable).
 SEALED_PREFIX = "AERIE_SECRET_"
 #: The environment mappings of a stage's settings that reach the host sealed (`seal_env`).

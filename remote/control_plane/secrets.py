@@ -24,7 +24,7 @@ TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__
 if TYPE_CHECKING:
     from typing import Any, Mapping
 
-#: The workstation's spelling of a reference (local/inventory/secret_values.py's REFERENCE).
+#: A reference to a secret, ``${NAME}``, as both sides spell it (the workstation imports it), and a value shown masked.
 REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 MASK = "***"
 
