@@ -100,13 +100,20 @@ def _start_pipeline(root: Path, spec: dict[str, Any]) -> dict[str, Any]:
                  | ({"server": stage.get("server")} if node["server"] else {})
                  for index, node in enumerate(plan)]
         return {"queued": submit_in_order(root, specs)}
-    result = jobs.launch(root, spec)
-    if result["launched"]:
-        from remote.orchestration import runner  # here: only a run needs it
+    return {"runner": launch_runner(root, spec, plan)}
 
-        # NOTE: before the answer: the first frame the workstation draws shows this run's jobs, queued.
+
+def launch_runner(root: Path, spec: dict[str, Any], plan: list[dict[str, Any]]) -> dict[str, Any]:
+    """Start the runner, with the jobs of `plan` it is to run recorded `waiting` on it before it runs
+    and before the answer: nothing shows the last run's end states as this run's (the first frame the
+    workstation draws, a `wait_state` right after the command), and no record of the queue lands over
+    one the runner wrote (a job it started, and which may have ended already)."""
+    from remote.orchestration import runner  # here: only a run needs it
+
+    def queue() -> None:
         runner.queue(root, plan, JobStore(root).read(layout.runner_dir(root)).state)
-    return {"runner": result}
+
+    return jobs.launch(root, spec, before_it_runs=queue)
 
 
 def submit_in_order(root: Path, specs: list[dict[str, Any]], only: set[JobState] | None = None,
@@ -291,10 +298,15 @@ def resume_pipeline(root: Path, runner: dict[str, Any] | None = None) -> dict[st
     changes = {node["key"]: _changes(stored_spec(layout.key_dir(root, node["key"])), node["spec"]) for node in again}
     with store.locked(directory):
         try:
-            jobs.terminate(store.read(directory).state)
+            previous = store.read(directory).state
         except BrokenJob:
-            pass  # a broken record: launch starts it afresh
-    return {**jobs.launch(root, spec), "reruns": [node["key"] for node in again], "changes": changes}
+            previous = {}  # a broken record: launch starts it afresh
+        if previous.get("state") in (JobState.RUNNING.value, JobState.STALLED.value):
+            # A runner still ending its run (its last job failed a moment ago) is stopped on purpose:
+            # asked first, so it ends `stopped` rather than `died`; gone before the new one starts.
+            store.request_stop(directory)
+        jobs.terminate(previous)
+    return {**launch_runner(root, spec, again), "reruns": [node["key"] for node in again], "changes": changes}
 
 
 def stop(args: dict[str, Any]) -> Any:

@@ -155,6 +155,32 @@ def test_a_stop_of_one_job_of_the_run_stops_the_run_and_lets_what_runs_end(bench
     assert "not started: B/infer stopped by inv stop" in jobs["B/tokenize"]["message"]
 
 
+def test_a_rerun_while_the_runner_still_ends_its_run_shows_the_jobs_it_runs_again_queued_and_finishes(
+        bench: Bench, free_port: int) -> None:
+    plans = bench.root.parent / "plans"
+    pipeline_inventory(bench, plans, free_port, {"A": "native", "B": "prompts"})
+    fixed = plans / "fixed"
+    (plans / "A.prep").write_text("records=30 sleep=0.5")  # keeps the runner going after B/infer fails
+    (plans / "B.infer").write_text(f"records=1 exit=3 unless={fixed}")
+    bench.inv("deploy")
+    bench.inv("run")
+    assert bench.wait_state("B/infer", TERMINAL, timeout=60)["state"] == "failed"
+    wait_for(lambda: bench.poll()["B/tokenize"]["state"] == "blocked", 30, "the runner to block B/tokenize")
+    assert bench.poll()["pipeline/run"]["state"] == "running"  # A/prep runs on: the run has not ended
+
+    fixed.write_text("")
+    rerun = bench.inv("rerun", "--failed")
+    assert "relaunched pipeline/run" in rerun.stdout, rerun.stdout
+    jobs = bench.poll()  # at once: nothing of the last run's end may read as this run's
+    last_runs = {k: jobs[k]["state"] for k in ("B/infer", "B/tokenize", "B/extract", "draft/train")
+                 if jobs[k]["state"] in ("failed", "blocked", "stopped", "died")}
+    assert last_runs == {}, last_runs
+    jobs = wait_pipeline(bench)
+    assert all(job["state"] == "succeeded" for job in jobs.values()), {k: j["state"] for k, j in jobs.items()}
+    assert len([line for line in (bench.job_dir("A", "prep") / "log").read_text().splitlines()
+                if "] prep A on release" in line]) == 1, "A/prep ran once, adopted"
+
+
 NATIVE = ("sharegpt", "openthoughts", "ultrachat", "openai_tools")
 PROMPTS = ("prompts_alpaca", "prompts_problem", "prompts_prompt", "prompts_question")
 

@@ -140,15 +140,20 @@ def status(root: Path) -> dict[str, Any]:
 
 
 def launch(root: Path, spec: dict[str, Any], only: set[JobState] | None = None, after: list[str] = [],
-           unstick: bool = False, keep_done: bool = False) -> dict[str, Any]:
+           unstick: bool = False, keep_done: bool = False,
+           before_it_runs: Callable[[], None] | None = None) -> dict[str, Any]:
     """Start one job with its executor (queued after the jobs `after`, where the executor queues), unless
     it runs already (or, with `only`, is in another state). `unstick`: also start again a job held for
     ever behind a failed one. `keep_done`: not over a job that has succeeded and is up to date
     (`remote.control_plane.freshness`; `inv launch` without --force): one out of date runs again, and its
-    result says why (`out_of_date`)."""
+    result says why (`out_of_date`). `before_it_runs`: called once the job is submitted, still under its
+    lock, which its supervisor waits for: what it writes comes before anything the job writes."""
 
     def submit(directory: Path, release: Path) -> dict[str, Any]:
-        return executors.for_spec(spec).submit(directory, spec, release, after)
+        submitted = executors.for_spec(spec).submit(directory, spec, release, after)
+        if before_it_runs is not None:
+            before_it_runs()
+        return submitted
 
     return _launch_one(JobStore(root), spec, only, unstick, submit, keep_done=keep_done)
 

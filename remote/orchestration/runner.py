@@ -61,8 +61,10 @@ def record(root: Path, node: dict[str, Any], fields: dict[str, Any]) -> None:
 
 
 def queue(root: Path, plan: list[dict[str, Any]], runner: dict[str, Any]) -> None:
-    """Every job of a fresh run recorded as `waiting` on its needs (`runner`: the runner's state, whose pid
-    they carry), so that no view shows the last run's states as this one's; a job running already is left."""
+    """Every job of the run recorded as `waiting` on its needs (`runner`: the runner's state, whose pid
+    they carry), so that no view shows the last run's states as this one's; a job running already is left.
+    Written by the command that starts the runner, before the runner runs: the jobs' states have one
+    writer at a time."""
     now = time.time()
     for node in plan:
         if jobs.describe(layout.key_dir(root, node["key"]), now)["state"] in (s.value for s in ACTIVE):
@@ -99,8 +101,6 @@ class Runner:
         return JobState(jobs.describe(directory, time.time())["state"])
 
     def run(self) -> int:
-        if self.fresh:
-            queue(self.root, self.plan, self.me)
         try:
             self.loop()
         except SystemExit:  # SIGTERM (`_on_term`): `inv stop` of the runner, or of every job
