@@ -114,3 +114,53 @@ def test_the_empty_cgroup_of_a_job_killed_with_its_stage_is_removed_when_it_is_e
     finally:
         if left.exists():
             left.rmdir()
+
+
+LAUNCHER = '''\
+"""A launcher in a job cgroup of aerie's (as the pipeline runner is): it submits one job and says where all is."""
+import json, os, sys
+from pathlib import Path
+from remote.control_plane import cgroups
+from remote.control_plane.executors import ProcessExecutor
+mine = cgroups.enter(f"pipeline.run.test-{os.getpid()}")
+directory = Path(sys.argv[1])
+submitted = ProcessExecutor().submit(directory, {"dataset": "A", "stage": "prep", "stall_after": 60}, Path(sys.argv[2]), [])
+print(json.dumps({"launcher": mine, "job": json.loads((directory / "state.json").read_text())}))
+cgroups.leave(mine)
+'''
+
+
+def test_a_job_started_by_a_launcher_in_a_cgroup_is_out_of_it_before_its_supervisor_runs(tmp_path: Path) -> None:
+    """Stopping the pipeline runner signals its cgroup: a job it has just started must not be in it then,
+    or the job dies with the runner while its supervisor is still starting (and reads `died`, not `stopped`)."""
+    import fcntl
+    import signal
+    import subprocess
+    import sys
+
+    parent, why = cgroups.where()
+    if parent is None:
+        pytest.skip(f"no cgroup for a job here: {why}")
+    release = Path(__file__).resolve().parents[1]
+    directory = tmp_path / "jobs" / "A" / "prep"
+    directory.mkdir(parents=True)
+    (tmp_path / "launcher.py").write_text(LAUNCHER)
+    with open(directory / "launch.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # its supervisor waits for the launcher's lock: it stays starting
+        said = subprocess.run([sys.executable, str(tmp_path / "launcher.py"), str(directory), str(release)],
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(release)},
+                              timeout=60, check=True)
+        where = json.loads(said.stdout)
+        job = where["job"]
+        try:
+            assert job["cgroup"] and job["cgroup"] != where["launcher"]
+            assert cgroups.members(job) == [job["pid"]], "the job's supervisor, alone in a cgroup of its own"
+            # The runner stopped now: every process left in its cgroup is signalled, as `inv stop` does.
+            cgroups.signal_all({"cgroup": where["launcher"]}, signal.SIGTERM)
+            time.sleep(0.5)
+            assert os.path.exists(f"/proc/{job['pid']}"), "the starting supervisor died with its launcher"
+        finally:
+            end_group(job, grace=2)
+            for path in (where["launcher"], job["cgroup"]):
+                if path and os.path.isdir(path):
+                    os.rmdir(path)

@@ -70,16 +70,16 @@ def where() -> tuple[Path | None, str]:
     return parent, f"cgroup v2: each job in a cgroup of its own under {parent}"
 
 
-def enter(name: str) -> str | None:
-    """Make the job's cgroup and move this process (and so all it starts after) into it; its path, or None
-    where that cannot be done (then the job is its process group only)."""
+def enter(name: str, pid: int = 0) -> str | None:
+    """Make the job's cgroup and move process `pid` (0: this one) into it, and so all it starts after; its
+    path, or None where that cannot be done (then the job is its process group only)."""
     parent, _ = where()
     if parent is None:
         return None
     mine = parent / (PREFIX + name)
     try:
         mine.mkdir()
-        (mine / "cgroup.procs").write_text("0")
+        (mine / "cgroup.procs").write_text(str(pid))
     except OSError:
         try:
             mine.rmdir()
@@ -87,6 +87,16 @@ def enter(name: str) -> str | None:
             pass
         return None
     return str(mine)
+
+
+def placed(path: str | None) -> str | None:
+    """`path`, if it is the cgroup this process is in (where its launcher placed it), else None."""
+    mount = mount_point()
+    try:
+        own = next(line[3:] for line in OWN.read_text().splitlines() if line.startswith("0::"))
+    except (OSError, StopIteration):
+        return None
+    return path if path and mount is not None and str(mount.joinpath(*own.strip("/").split("/"))) == path else None
 
 
 def probe() -> tuple[bool, str]:

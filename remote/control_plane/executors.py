@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from remote.control_plane import hints, processes
+from remote.control_plane import cgroups, hints, processes
 from remote.control_plane.layout import LOG, STATE
 from remote.control_plane.store import HostError
 from remote.control_plane.progress import write_json_atomic
@@ -107,10 +107,13 @@ class ProcessExecutor(Executor):
                 cwd=release, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        # NOTE: at once, not when its supervisor is up: until then it is in its launcher's cgroup, and a
+        # launcher that is stopped meanwhile (the pipeline runner, by `inv stop --all`) would take it along.
+        cgroup = cgroups.enter(f"{spec['dataset']}.{spec['stage']}.{time.time_ns():x}-{process.pid}", process.pid)
         write_json_atomic(directory / STATE, {
             "dataset": spec["dataset"], "stage": spec["stage"], "executor": self.name,
             "state": JobState.RUNNING.value, **processes.identity(process.pid), "pgid": process.pid,
-            "release": release.name,
+            "cgroup": cgroup, "release": release.name,
             "started_at": time.time(), "stall_after": spec["stall_after"],
         })
         return {"pid": process.pid, "where": f"pid {process.pid}"}

@@ -130,9 +130,10 @@ class Supervisor:
         # Under Slurm the job was only queued by the launcher: this is where it starts, and on which node.
         # The run's id names its temporary files, so that no other run of this job can take them for its own.
         self.run_id = f"{time.time_ns():x}-{os.getpid()}"
-        # Before the stage starts, so that all it starts is in it. Not under Slurm, whose own cgroups hold the job.
-        self.cgroup = None if spec.get("executor") == "slurm" else cgroups.enter(
-            f"{spec['dataset']}.{spec['stage']}.{self.run_id}")
+        # Before the stage starts, so that all it starts is in it: the one its launcher placed it in, else
+        # one of its own. Not under Slurm, whose own cgroups hold the job.
+        own = f"{spec['dataset']}.{spec['stage']}.{self.run_id}"
+        self.cgroup = None if spec.get("executor") == "slurm" else cgroups.placed(state.get("cgroup")) or cgroups.enter(own)
         state.update(state=JobState.RUNNING.value, **identity(os.getpid()), pgid=os.getpgrp(),
                      node=socket.gethostname(), run=self.run_id, cgroup=self.cgroup,
                      started_at=state.get("started_at") or time.time())
