@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.harness.stage_settings import complete
 from remote.eagle3 import StageInputError, checkpoint, draft_config
 from remote.eagle3 import specforge
 from remote.eagle3.target import read_embed_and_head, read_shape
@@ -36,6 +37,8 @@ STANDIN = REPO / "tests" / "stages" / "specforge_standin.py"
 CPU_SPECFORGE = REPO / "tests" / "specforge_cpu.py"
 MOONCAKE = {"metadata_server": "http://127.0.0.1:8080/metadata", "master_server_addr": "127.0.0.1:50051"}
 ONLINE = {"specforge_server_urls": ["http://127.0.0.1:30000"], "specforge_mooncake": MOONCAKE}
+#: The online route's train job carries extract's settings (no extract job names the layers SGLang captures).
+EXTRACT_ONLINE = complete("extract", {"layers": TINY_LAYERS})
 
 
 def on_path(bin_dir: Path, name: str, argv: str) -> None:
@@ -163,10 +166,11 @@ def test_the_online_run_hands_specforge_prep_s_exact_tokens_and_a_config_its_sch
     from specforge.launch_plan import build_launch_plan
 
     prep, records = online_prep(tmp_path / "root", tiny_target)
-    settings = {"draft_config": str(host["draft"]), "layers": TINY_LAYERS, "max_length": 64, "draft_vocab_size": 200,
+    settings = {"draft_config": str(host["draft"]), "max_length": 64, "draft_vocab_size": 200,
                 "report_to": "tensorboard", **ONLINE}
 
-    manifest, out = run_train(tmp_path / "root", tiny_target, "draft", settings, prep_inputs={"A1": str(prep)})
+    manifest, out = run_train(tmp_path / "root", tiny_target, "draft", settings, prep_inputs={"A1": str(prep)},
+                              extract=EXTRACT_ONLINE)
 
     (training, _export) = calls(host)
     assert training["mode"] == "online" and manifest["mode"] == "online"
@@ -269,9 +273,10 @@ def test_an_older_checkout_s_train_eagle3_script_trains_and_its_checkpoint_becom
     (checkout / "scripts").mkdir(parents=True)
     (checkout / "scripts" / "train_eagle3.py").write_text("# the legacy trainer (the stand-in runs in its place)\n")
     settings = {"draft_config": str(host["draft"]), "specforge_dir": str(checkout), "nproc": 8,
-                "specforge_train_data": str(host["conversations"]), "layers": TINY_LAYERS}
+                "specforge_train_data": str(host["conversations"])}
 
-    config = {"prep_inputs": {"A1": str(tmp_path)}} if online else {"inputs": [extracted["env"]["AERIE_OUTPUT"]]}
+    config = {"prep_inputs": {"A1": str(tmp_path)}, "extract": EXTRACT_ONLINE} if online \
+        else {"inputs": [extracted["env"]["AERIE_OUTPUT"]]}
 
     manifest, out = run_train(extracted["root"], tiny_target, f"sf-legacy-{online}", settings, **config)
 
@@ -293,11 +298,11 @@ def test_a_host_without_specforge_is_told_how_to_install_it(host: dict, extracte
 
 def test_the_online_route_on_the_host_names_the_settings_it_lacks(host: dict, tmp_path: Path, tiny_target: Path) -> None:
     prep, _ = online_prep(tmp_path / "root", tiny_target)
-    settings = {"draft_config": str(host["draft"]), "layers": TINY_LAYERS}
+    settings = {"draft_config": str(host["draft"])}
     with pytest.raises(StageInputError, match=r"^engine specforge on the online route needs stages\.train\.specforge_server_urls, "
                                               r"stages\.train\.specforge_mooncake\.metadata_server, "
                                               r"stages\.train\.specforge_mooncake\.master_server_addr$"):
-        run_train(tmp_path / "root", tiny_target, "draft", settings, prep_inputs={"A1": str(prep)})
+        run_train(tmp_path / "root", tiny_target, "draft", settings, prep_inputs={"A1": str(prep)}, extract=EXTRACT_ONLINE)
     assert calls(host) == []
 
 
