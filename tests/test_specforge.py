@@ -118,7 +118,9 @@ def test_the_real_specforge_trains_offline_checkpoints_every_n_steps_exports_sta
     real: dict, bf16_extracted: dict, tiny_target: Path
 ) -> None:
     inputs = {"inputs": [bf16_extracted["env"]["AERIE_OUTPUT"]]}
-    settings = {"draft_config": str(real["draft"]), "epochs": 1, "checkpoint_every": 4, "learning_rate": 1e-3}
+    # every record trained on (none held out), so the steps count all 10
+    settings = {"draft_config": str(real["draft"]), "epochs": 1, "checkpoint_every": 4, "learning_rate": 1e-3,
+                "eval_records": 0}
     first, out = run_train(bf16_extracted["root"], tiny_target, "sf-real", settings, **inputs)
 
     config = json.loads((out / "run.yaml").read_text())
@@ -142,6 +144,44 @@ def test_the_real_specforge_trains_offline_checkpoints_every_n_steps_exports_sta
     assert json.loads((out / "run.yaml").read_text())["training"]["resume_from"] == first["checkpoint"]
     assert back["run_id"] == run_id and back["checkpoint"] == first["checkpoint"]
     assert_sglang_draft(out, tiny_target)
+
+
+def weights(draft: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(next(draft.glob("*.safetensors"))))
+
+
+@pytest.mark.timeout(900)
+def test_the_real_specforge_trains_on_the_training_share_only_and_aerie_keeps_its_best_epoch_in_draft_and_the_last_in_last(
+    real: dict, bf16_extracted: dict, tiny_target: Path
+) -> None:
+    inputs = {"inputs": [bf16_extracted["env"]["AERIE_OUTPUT"]]}
+    settings = {"draft_config": str(real["draft"]), "epochs": 2, "checkpoint_every": 100, "learning_rate": 1e-3,
+                "eval_records": 2}
+
+    manifest, out = run_train(bf16_extracted["root"], tiny_target, "sf-best", settings, **inputs)
+
+    # SpecForge trains on the 8 records aerie does not hold out, and evaluates on the 2 it does after every epoch
+    held = {Path(p).resolve() for p in json.loads((out / "heldout.json").read_text())}
+    trained = {p.resolve() for p in (out / "specforge-train").iterdir()}
+    assert len(held) == 2 and len(trained) == 8 and not held & trained
+    config = json.loads((out / "run.yaml").read_text())
+    assert config["data"]["eval_hidden_states_path"] == str(out / "specforge-heldout")
+    assert config["training"]["eval_interval"] == 8  # an epoch: 8 records, batch 1
+    assert {p.resolve() for p in (out / "specforge-heldout").iterdir()} == held
+    # aerie measured SpecForge's best epoch (by SpecForge's own evaluation) and its last, with aerie's evaluation
+    best_epoch = manifest["specforge_best_step"] // 8
+    history = manifest["epoch_history"]
+    assert [e["epoch"] for e in history] == sorted({best_epoch, 2}) and all(e["accept_length"] >= 1.0 for e in history)
+    best = max(history, key=lambda e: (e["accept_length"], e["epoch"]))
+    assert manifest["kept_epoch"] == best["epoch"] and manifest["last_epoch"] == 2
+    assert manifest["accept_length"] == best["accept_length"] and manifest["kept_reason"].startswith(
+        f"kept epoch {best['epoch']}'s draft")
+    same = all(torch.equal(a, weights(out / "last")[name]) for name, a in weights(out / "draft").items())
+    assert same == (best["epoch"] == 2)  # draft/ is the last epoch's only when the last is the best
+    assert_sglang_draft(out, tiny_target)
+    assert (out / "training.png").is_file()
 
 
 def test_states_other_than_bfloat16_are_refused_before_specforge_starts(host: dict, extracted: dict, tiny_target: Path) -> None:
@@ -469,3 +509,4 @@ def test_the_real_specforge_goes_on_from_init_draft_through_its_weights_only_war
                          {"init_draft": str(init), "epochs": 1, "draft_vocab_size": 200}, **inputs)
     resumed = json.loads((out / "run.yaml").read_text())  # a rerun resumes: never a warm start beside resume_from
     assert "draft_checkpoint_path" not in resumed["model"] and resumed["training"]["resume_from"] == again["checkpoint"]
+    assert [e["epoch"] for e in again["epoch_history"]][0] == 0  # the init draft measured as epoch 0, a candidate
