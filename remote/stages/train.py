@@ -2,8 +2,8 @@
 
 Settings (``stages.train``, typed once by `remote.eagle3.train_settings`):
 
-- ``engine``: ``aerie`` (this module, plain torch) or ``specforge``
-  (`remote.eagle3.specforge` builds SpecForge's command instead).
+- ``engine``: ``aerie`` (`remote.eagle3.session`, plain torch; this module wires it) or ``specforge``
+  (`remote.eagle3.specforge_engine` runs SpecForge instead).
 - ``draft_vocab_size``: the reduced vocabulary (the most frequent trained
   tokens; capped at the target's vocabulary).
 - ``epochs``, ``learning_rate``, ``batch_size``, ``ttt_steps``: the training.
@@ -40,8 +40,10 @@ optimizer and starts that data's epochs from the beginning.
 From the shared settings: ``target.model``
 (the embeddings and the lm_head are read from its safetensors files).
 
-Input: ``$AERIE_DATA/extract`` with its ``manifest.json``; refused when
-missing (extract did not succeed) or when its width does not fit the draft.
+Input: ``$AERIE_DATA/extract`` with its ``manifest.json`` (`remote.eagle3.extract_manifest`: the layers
+the draft reads come from it, typed); refused when missing (extract did not succeed) or when its
+width does not fit the draft. Online (SpecForge), no extract ran: the layers are ``stages.extract``'s,
+which the job's spec carries as ``config.extract``.
 Output: ``$AERIE_OUTPUT/draft/`` (SGLang's ``--speculative-draft-model-path``), the
 best epoch's draft by held-out accept length, and ``last/``, the last epoch's
 (`remote.eagle3.kept`), each rewritten atomically; ``$AERIE_OUTPUT/training.png``
