@@ -135,7 +135,9 @@ def one_seed(work: Path, records: int, seed: int) -> dict[str, Any]:
     figures: dict[str, Any] = {"records": records, "trained": len(trained), "heldout": len(held)}
     for engine, inputs, env in (("aerie", extract, None),
                                 ("specforge", without(extract, set(held), root / "sf-extract"), specforge_on_path(work))):
-        extra = {"engine": engine, "draft_config": str(draft_file(work, target))} if engine == "specforge" else {}
+        # NOTE: SpecForge's copy already lacks the held-out records: nothing more to hold out of it.
+        extra = {"engine": engine, "draft_config": str(draft_file(work, target)), "eval_records": 0} \
+            if engine == "specforge" else {}
         config = {"dataset": {}, "stage": settings("train", {**TRAIN, **extra}), "inventory": shared, "inputs": [str(inputs)]}
         figures[engine] = stage(root, engine, "train", config, env)
         figures[engine].update(accept_lengths(root / "data" / engine / "train" / "draft", target, held))

@@ -314,7 +314,7 @@ def test_a_runner_that_cannot_write_its_own_records_ends_failed_in_one_line_and_
 
 def test_specforges_inputs_are_verified_before_specforge_reads_them(tmp_path: Path, tiny_target: Path) -> None:
     from remote.control_plane.progress import Progress
-    from remote.stages import train
+    from remote.eagle3 import specforge_engine
     from tests.pipeline_fixtures import context
 
     extract_into(tmp_path, tiny_target)
@@ -324,7 +324,7 @@ def test_specforges_inputs_are_verified_before_specforge_reads_them(tmp_path: Pa
     ctx = context(stage_env(tmp_path, "train", {**TRAIN_SETTINGS, "engine": "specforge"}, {"target": {"model": str(tiny_target)}}))
 
     with pytest.raises(BadState, match=f"{bad} does not match"):
-        train._verify_for_specforge(ctx, Progress())
+        specforge_engine.verify_states(ctx, Progress())
 
 
 def test_a_file_its_shard_lists_but_that_is_gone_is_named_as_missing(tmp_path: Path, tiny_target: Path) -> None:

@@ -173,7 +173,7 @@ def test_the_online_route_trains_from_the_conversations_with_no_extract() -> Non
     assert set(nodes) == {"A1/prep", "B5/prep", "B5/infer", "B5/tokenize", "draft/train"}
     config = nodes["draft/train"]["spec"]["config"]
     assert nodes["draft/train"]["needs"] == ["A1/prep", "B5/tokenize"] and "inputs" not in config
-    assert config["stage"]["layers"] == [2, 30, 58] and set(config["prep_inputs"]) == {"A1", "B5"}
+    assert config["extract"]["layers"] == [2, 30, 58] and set(config["prep_inputs"]) == {"A1", "B5"}
     assert {n["key"] for n in pipeline_for("offline")} >= {"A1/extract", "B5/extract", "draft/train"}
 
 

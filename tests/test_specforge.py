@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.harness.stage_settings import complete
 from remote.eagle3 import StageInputError, checkpoint, draft_config
 from remote.eagle3 import specforge
 from remote.eagle3.target import read_embed_and_head, read_shape
@@ -36,6 +37,8 @@ STANDIN = REPO / "tests" / "stages" / "specforge_standin.py"
 CPU_SPECFORGE = REPO / "tests" / "specforge_cpu.py"
 MOONCAKE = {"metadata_server": "http://127.0.0.1:8080/metadata", "master_server_addr": "127.0.0.1:50051"}
 ONLINE = {"specforge_server_urls": ["http://127.0.0.1:30000"], "specforge_mooncake": MOONCAKE}
+#: The online route's train job carries extract's settings (no extract job names the layers SGLang captures).
+EXTRACT_ONLINE = complete("extract", {"layers": TINY_LAYERS})
 
 
 def on_path(bin_dir: Path, name: str, argv: str) -> None:
@@ -115,7 +118,9 @@ def test_the_real_specforge_trains_offline_checkpoints_every_n_steps_exports_sta
     real: dict, bf16_extracted: dict, tiny_target: Path
 ) -> None:
     inputs = {"inputs": [bf16_extracted["env"]["AERIE_OUTPUT"]]}
-    settings = {"draft_config": str(real["draft"]), "epochs": 1, "checkpoint_every": 4, "learning_rate": 1e-3}
+    # every record trained on (none held out), so the steps count all 10
+    settings = {"draft_config": str(real["draft"]), "epochs": 1, "checkpoint_every": 4, "learning_rate": 1e-3,
+                "eval_records": 0}
     first, out = run_train(bf16_extracted["root"], tiny_target, "sf-real", settings, **inputs)
 
     config = json.loads((out / "run.yaml").read_text())
@@ -141,6 +146,44 @@ def test_the_real_specforge_trains_offline_checkpoints_every_n_steps_exports_sta
     assert_sglang_draft(out, tiny_target)
 
 
+def weights(draft: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(next(draft.glob("*.safetensors"))))
+
+
+@pytest.mark.timeout(900)
+def test_the_real_specforge_trains_on_the_training_share_only_and_aerie_keeps_its_best_epoch_in_draft_and_the_last_in_last(
+    real: dict, bf16_extracted: dict, tiny_target: Path
+) -> None:
+    inputs = {"inputs": [bf16_extracted["env"]["AERIE_OUTPUT"]]}
+    settings = {"draft_config": str(real["draft"]), "epochs": 2, "checkpoint_every": 100, "learning_rate": 1e-3,
+                "eval_records": 2}
+
+    manifest, out = run_train(bf16_extracted["root"], tiny_target, "sf-best", settings, **inputs)
+
+    # SpecForge trains on the 8 records aerie does not hold out, and evaluates on the 2 it does after every epoch
+    held = {Path(p).resolve() for p in json.loads((out / "heldout.json").read_text())}
+    trained = {p.resolve() for p in (out / "specforge-train").iterdir()}
+    assert len(held) == 2 and len(trained) == 8 and not held & trained
+    config = json.loads((out / "run.yaml").read_text())
+    assert config["data"]["eval_hidden_states_path"] == str(out / "specforge-heldout")
+    assert config["training"]["eval_interval"] == 8  # an epoch: 8 records, batch 1
+    assert {p.resolve() for p in (out / "specforge-heldout").iterdir()} == held
+    # aerie measured SpecForge's best epoch (by SpecForge's own evaluation) and its last, with aerie's evaluation
+    best_epoch = manifest["specforge_best_step"] // 8
+    history = manifest["epoch_history"]
+    assert [e["epoch"] for e in history] == sorted({best_epoch, 2}) and all(e["accept_length"] >= 1.0 for e in history)
+    best = max(history, key=lambda e: (e["accept_length"], e["epoch"]))
+    assert manifest["kept_epoch"] == best["epoch"] and manifest["last_epoch"] == 2
+    assert manifest["accept_length"] == best["accept_length"] and manifest["kept_reason"].startswith(
+        f"kept epoch {best['epoch']}'s draft")
+    same = all(torch.equal(a, weights(out / "last")[name]) for name, a in weights(out / "draft").items())
+    assert same == (best["epoch"] == 2)  # draft/ is the last epoch's only when the last is the best
+    assert_sglang_draft(out, tiny_target)
+    assert (out / "training.png").is_file()
+
+
 def test_states_other_than_bfloat16_are_refused_before_specforge_starts(host: dict, extracted: dict, tiny_target: Path) -> None:
     with pytest.raises(StageInputError, match=r"engine specforge trains on bfloat16 states .* extract stored float32: "
                                               r"set stages\.extract\.dtype: bfloat16 and rerun extract"):
@@ -163,10 +206,11 @@ def test_the_online_run_hands_specforge_prep_s_exact_tokens_and_a_config_its_sch
     from specforge.launch_plan import build_launch_plan
 
     prep, records = online_prep(tmp_path / "root", tiny_target)
-    settings = {"draft_config": str(host["draft"]), "layers": TINY_LAYERS, "max_length": 64, "draft_vocab_size": 200,
+    settings = {"draft_config": str(host["draft"]), "max_length": 64, "draft_vocab_size": 200,
                 "report_to": "tensorboard", **ONLINE}
 
-    manifest, out = run_train(tmp_path / "root", tiny_target, "draft", settings, prep_inputs={"A1": str(prep)})
+    manifest, out = run_train(tmp_path / "root", tiny_target, "draft", settings, prep_inputs={"A1": str(prep)},
+                              extract=EXTRACT_ONLINE)
 
     (training, _export) = calls(host)
     assert training["mode"] == "online" and manifest["mode"] == "online"
@@ -269,9 +313,10 @@ def test_an_older_checkout_s_train_eagle3_script_trains_and_its_checkpoint_becom
     (checkout / "scripts").mkdir(parents=True)
     (checkout / "scripts" / "train_eagle3.py").write_text("# the legacy trainer (the stand-in runs in its place)\n")
     settings = {"draft_config": str(host["draft"]), "specforge_dir": str(checkout), "nproc": 8,
-                "specforge_train_data": str(host["conversations"]), "layers": TINY_LAYERS}
+                "specforge_train_data": str(host["conversations"])}
 
-    config = {"prep_inputs": {"A1": str(tmp_path)}} if online else {"inputs": [extracted["env"]["AERIE_OUTPUT"]]}
+    config = {"prep_inputs": {"A1": str(tmp_path)}, "extract": EXTRACT_ONLINE} if online \
+        else {"inputs": [extracted["env"]["AERIE_OUTPUT"]]}
 
     manifest, out = run_train(extracted["root"], tiny_target, f"sf-legacy-{online}", settings, **config)
 
@@ -293,11 +338,11 @@ def test_a_host_without_specforge_is_told_how_to_install_it(host: dict, extracte
 
 def test_the_online_route_on_the_host_names_the_settings_it_lacks(host: dict, tmp_path: Path, tiny_target: Path) -> None:
     prep, _ = online_prep(tmp_path / "root", tiny_target)
-    settings = {"draft_config": str(host["draft"]), "layers": TINY_LAYERS}
+    settings = {"draft_config": str(host["draft"])}
     with pytest.raises(StageInputError, match=r"^engine specforge on the online route needs stages\.train\.specforge_server_urls, "
                                               r"stages\.train\.specforge_mooncake\.metadata_server, "
                                               r"stages\.train\.specforge_mooncake\.master_server_addr$"):
-        run_train(tmp_path / "root", tiny_target, "draft", settings, prep_inputs={"A1": str(prep)})
+        run_train(tmp_path / "root", tiny_target, "draft", settings, prep_inputs={"A1": str(prep)}, extract=EXTRACT_ONLINE)
     assert calls(host) == []
 
 
@@ -464,3 +509,4 @@ def test_the_real_specforge_goes_on_from_init_draft_through_its_weights_only_war
                          {"init_draft": str(init), "epochs": 1, "draft_vocab_size": 200}, **inputs)
     resumed = json.loads((out / "run.yaml").read_text())  # a rerun resumes: never a warm start beside resume_from
     assert "draft_checkpoint_path" not in resumed["model"] and resumed["training"]["resume_from"] == again["checkpoint"]
+    assert [e["epoch"] for e in again["epoch_history"]][0] == 0  # the init draft measured as epoch 0, a candidate

@@ -80,8 +80,8 @@ def draft_train(inventory: Inventory, first: str, inputs: dict[str, Any]) -> Job
     online: SGLang captures the states of `stages.extract.layers` as SpecForge trains)."""
     settings = inventory.stages.train
     config = {"dataset": dataset_entry(inventory, first), **stage_config(inventory, "train"), **inputs}
-    if "prep_inputs" in inputs:
-        config["stage"]["layers"] = inventory.stages.extract.layers
+    if "prep_inputs" in inputs:  # no extract job: SGLang captures what extract's settings name (typed on the host)
+        config["extract"] = stage_config(inventory, "extract")["stage"]
     return job_spec(DRAFT, "train", config, command=settings.command, stall_after=settings.stall_after,
                     log_limit=settings.log_limit, **placement(inventory, "train"))
 

@@ -7,7 +7,10 @@
 - `shards`: the sharded hidden-state store (SpecForge's per-sample ``.ckpt``).
 - `model`, `vocab`, `trainer`, `checkpoint`: the draft model, its reduced
   vocabulary, training-time-test training, SGLang-loadable checkpoints.
-- `specforge`: the command that runs SpecForge's trainer instead.
+- `session`: one draft's training (draft, ranks, held-out measurement, reporter, resume, kept drafts),
+  driven by the train stage and by the chunked route's resident trainer.
+- `specforge`, `specforge_inputs`, `specforge_engine`: SpecForge's trainer instead (its config and
+  command, what it reads, the run and the drafts kept from it).
 
 The stages in `remote.stages.extract` and `remote.stages.train` put them together.
 """

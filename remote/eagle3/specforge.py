@@ -86,6 +86,10 @@ class SpecForgeRun:
     #: stages.train.init_draft as aerie wrote it for SpecForge (`model.draft_checkpoint_path`), and where it came from.
     init_checkpoint: Path | None = None
     init_source: str = ""
+    #: Offline: the held-out records' states, SpecForge's ``data.eval_hidden_states_path``, measured every
+    #: `eval_interval` optimizer steps (an epoch's): SpecForge keeps its best checkpoint by them (`best_checkpoint`).
+    eval_states: Path | None = None
+    eval_interval: int = 0
 
     @property
     def is_online(self) -> bool:
@@ -187,6 +191,8 @@ def run_config(run: SpecForgeRun) -> dict[str, Any]:
         data["prompts_path"] = str(run.prompts)
     else:
         data["hidden_states_path"] = str(run.hidden_states)
+    if run.eval_states is not None:
+        data["eval_hidden_states_path"] = str(run.eval_states)
     if run.vocab_mapping is not None:  # online: always; offline: the init draft's own map, kept
         model["vocab_mapping_path"] = str(run.vocab_mapping)
     training: dict[str, Any] = {
@@ -196,6 +202,8 @@ def run_config(run: SpecForgeRun) -> dict[str, Any]:
         # NOTE: the newest two: a checkpoint torn by a kill still leaves one to resume from.
         "max_checkpoints": 2,
     }
+    if run.eval_states is not None:
+        training["eval_interval"] = run.eval_interval
     latest = latest_checkpoint("current", run)
     if latest is not None:
         # NOTE: the checkpoint itself: given the root, SpecForge refuses one holding several runs' links.
@@ -291,39 +299,15 @@ def latest_checkpoint(generation: str, run: SpecForgeRun) -> Path | None:
     return max(found)[1] if found else None
 
 
-def write_online_inputs(prep_dirs: list[Path], output: Path, vocab_size: int, draft_vocab: int) -> tuple[Path, Path, str]:
-    """Prep's exact tokens as SpecForge's pre-tokenized prompts (``{"input_ids", "loss_mask"}`` per
-    line: no chat template re-renders them and loses what prep kept), and the vocabulary map of their
-    trained tokens (``{"d2t", "t2d"}``, what SpecForge's `load_vocab_mapping` reads). Returns both
-    paths and a hash of the prompts, part of the run's name. Written to temporary names and renamed."""
-    import torch
-
-    from remote.eagle3.prep_input import read_manifest, read_records
-    from remote.eagle3.vocab import build_mapping
-
-    prompts, mapping = output / "prompts.jsonl", output / "vocab_mapping.pt"
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    digest, written = hashlib.sha256(), 0
-    tmp = prompts.with_name(f".{prompts.name}.{os.getpid()}.tmp")
-    with tmp.open("w") as out:
-        for prep in prep_dirs:
-            read_manifest(prep)
-            for record in read_records(prep):
-                line = json.dumps({"input_ids": record.input_ids, "loss_mask": record.loss_mask}) + "\n"
-                out.write(line)
-                digest.update(line.encode())
-                ids = torch.tensor(record.input_ids, dtype=torch.long)
-                counts += torch.bincount(ids[torch.tensor(record.loss_mask, dtype=torch.bool)], minlength=vocab_size)[:vocab_size]
-                written += 1
-    if not written:
-        tmp.unlink()
-        raise StageInputError(f"no prep records in {', '.join(map(str, prep_dirs))}: prep kept nothing; check its skip reasons")
-    os.replace(tmp, prompts)
-    d2t, t2d = build_mapping(counts, draft_vocab)
-    tmp = mapping.with_name(f".{mapping.name}.{os.getpid()}.tmp")
-    torch.save({"d2t": d2t, "t2d": t2d}, tmp)
-    os.replace(tmp, mapping)
-    return prompts, mapping, f"{written} prompts sha256:{digest.hexdigest()[:16]}"
+def best_checkpoint(run: SpecForgeRun) -> tuple[Path, int] | None:
+    """SpecForge's best checkpoint by its own held-out evaluation (``<run_id>-best``, which its rotation
+    never deletes) and its step; None when it measured none."""
+    link, meta = run.runs / f"{run.run_id}-best", run.runs / f"{run.run_id}.best_meta.json"
+    try:
+        step = int(json.loads(meta.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (link.resolve(), step) if link.exists() else None
 
 
 def export_command(prefix: list[str], run: SpecForgeRun, checkpoint: Path, out: Path) -> list[str]:

@@ -139,27 +139,11 @@ def train_step(draft: Eagle3Draft, batch: Batch, head: torch.Tensor, steps: int,
     return float(loss.detach()), accuracies
 
 
-def train(
-    draft: Eagle3Draft,
-    head: torch.Tensor,
-    samples: list[Any],
-    load: Callable[[Any], dict[str, Any]],
-    *,
-    epochs: int,
-    batch_size: int,
-    learning_rate: float,
-    steps: int,
-    max_length: int,
-    on_step: Callable[[int, float, list[float], int], None],
-    on_epoch: Callable[[int], None],
-    seed: int = 0,
-    state: TrainState | None = None,
-    on_checkpoint: Callable[[TrainState], None] | None = None,
-    checkpoint_every: int = 0,
-    schedule_steps: int = 0,
-    warmup_steps: int = 0,
-    world: World = World(),
-) -> TrainState:
+def train(draft: Eagle3Draft, head: torch.Tensor, samples: list[Any], load: Callable[[Any], dict[str, Any]], *,
+          epochs: int, batch_size: int, learning_rate: float, steps: int, max_length: int,
+          on_step: Callable[[int, float, list[float], int], None], on_epoch: Callable[[int], None], seed: int = 0,
+          state: TrainState | None = None, on_checkpoint: Callable[[TrainState], None] | None = None,
+          checkpoint_every: int = 0, schedule_steps: int = 0, warmup_steps: int = 0, world: World = World()) -> TrainState:
     """Train `draft` in place; `samples` are loaded lazily with `load` (records may not fit in memory).
 
     From `state` (a saved `TrainState`) it goes on where that run stopped (for a state over other data,

@@ -168,6 +168,10 @@ class Chunked:
         self.resident_extract = self.extract.get("command") in (None, "", DEFAULT_COMMANDS["extract"])
         self.resident_train = (self.train.get("command") in (None, "", DEFAULT_COMMANDS["train"])
                                and self.train_settings.engine == "aerie")
+        if self.resident_train:  # one GPU beside the loaded target: more asked is refused before anything runs
+            from remote.orchestration.resident import one_rank
+
+            one_rank(self.train_settings, progress)
 
     # -- the plan of chunks ------------------------------------------------------
 

@@ -5,9 +5,10 @@ extract stage's own code, `remote.stages.extract.run`, given the loaded model):
 for Kimi-K2.5 a load reads ~600 GB of weights onto 8 GPUs, which the route
 used to pay for every chunk of every epoch. `Trainer` keeps the draft, its
 optimizer and schedule, the target's embeddings and lm_head, and the held-out
-measurement (`remote.eagle3.heldout`) between chunks, and checkpoints through
-`remote.eagle3.resume` as the train stage does, so a kill at any moment goes on
-from the last checkpoint.
+measurement between chunks: a `remote.eagle3.session.TrainingSession`, the one the
+train stage drives, so it checkpoints, reports and keeps drafts as the train stage
+does and a kill at any moment goes on from the last checkpoint. It trains on one
+GPU (`one_rank`): its process holds the target.
 
 Both report into a `Relay`: the chunked job counts records and steps itself,
 so a sub-step's counters only say the job is alive.
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
-from remote.eagle3 import kept, reporting
+from remote.eagle3 import StageInputError, kept, reporting
 from remote.eagle3.train_settings import TrainSettings
 from remote.stages import StageContext
 
@@ -116,129 +117,92 @@ class Extractor:
         self.model = None
 
 
+def one_rank(settings: TrainSettings, progress: Any) -> None:
+    """The resident trainer trains on one GPU: its process holds the loaded target, which the ranks of
+    DDP would have to share (`remote.eagle3.distributed` launches them as processes of their own). An
+    ``nproc`` above 1 is refused in one line naming the fix; unset, on a host of several GPUs, said in one line."""
+    from remote.eagle3 import distributed
+
+    if settings.nproc is not None and settings.nproc > 1:
+        raise StageInputError(
+            f"stages.train.nproc {settings.nproc}: the chunked route trains in the process that holds the target, on "
+            "one GPU; set nproc: 1 for it, or give stages.extract.disk_budget room for every state (the offline "
+            "route trains on nproc GPUs)")
+    if settings.nproc is None and distributed.visible_gpus() > 1:
+        progress.note("training on one GPU: the chunked route trains beside the loaded target "
+                      "(stages.train.nproc applies to the offline route)")
+
+
 class Trainer:
-    """One draft trained over every chunk: built on the first, kept (with its optimizer) for the rest."""
+    """One draft trained over every chunk (`remote.eagle3.session`): built on the first, kept (with its optimizer)
+    for the rest; the held-out records measured whenever the chunks trained add up to an epoch (`measure`)."""
 
     def __init__(self, ctx: StageContext, settings: dict[str, Any], output: Path, heldout: list[Path],
                  schedule_steps: int, evaluations: Path, progress: Progress, trained: dict[str, Any]) -> None:
+        from remote.eagle3.session import TrainingSession
+
         self.ctx, self.settings, self.output, self.heldout = ctx, settings, output, heldout
         self.typed = TrainSettings.from_config(settings)  # `settings` stays the sub-stages' JSON config
         reporting.require(self.typed.report_to)  # before the first chunk's extraction, not after it
         self.trained = trained  # {"preps": {dataset: prep dir}, "heldout": {dataset: indices}}: what the vocabulary counts
         self.schedule_steps, self.evaluations, self.progress = schedule_steps, evaluations, progress
         self.relay = Relay(progress)
-        self.draft: Any = None
-        self.observer: Any = None  # `remote.eagle3.reporting.Observer`, opened on the first pass
-        self.state: Any = None  # where the last pass of this process left the optimizer and schedule
-        self.history: list[dict[str, Any]] = read_json(output / "history.json", [])
-        self.extracted: dict[str, Any] = {}
+        self.session = TrainingSession(output, ctx.release, self.typed, progress, name=f"{ctx.dataset}-{ctx.release}",
+                                       counts_records=False)  # the chunked job counts the records
+        self.extracted: Any = None  # `remote.eagle3.extract_manifest.ExtractManifest` of the first chunk
+
+    @property
+    def draft(self) -> Any:
+        return self.session.draft
+
+    @property
+    def evaluation(self) -> Any:
+        return self.session.evaluation
 
     @property
     def step(self) -> int:
-        return self.state.step if self.state is not None else 0
+        return self.session.state.step if self.session.state is not None else 0
 
     def build(self, inputs: list[Path]) -> None:
         """The draft as `remote.stages.train` builds it; its vocabulary from every record the run trains on."""
-        import torch
-
-        from remote.eagle3 import heldout, plot
-        from remote.eagle3.shards import load_sample
+        from remote.eagle3.extract_manifest import ExtractManifest
         from remote.eagle3.target import best_device, read_config, read_shape, target_settings
         from remote.stages import train
 
-        self.extracted = train.read_extract_manifests(inputs)
+        self.extracted = ExtractManifest.read_all(inputs)
         shape = read_shape(target_settings(self.ctx.shared_config)[0])
         stage = sub_context(self.ctx, "train", self.settings, self.output, inputs)
         config = train.draft_for(stage, self.typed, self.extracted, shape.vocab_size, read_config(shape.path))
-        self.device = torch.device(best_device())
-        self.draft, head = train.start_draft(self.typed, config, shape, lambda: trained_token_counts(
-            self.trained["preps"], self.trained["heldout"], shape.vocab_size, self.progress.beat), self.progress)
-        self.head = head.to(self.device)
+        self.session.start(config, shape, lambda: trained_token_counts(
+            self.trained["preps"], self.trained["heldout"], shape.vocab_size, self.progress.beat), best_device())
         self.output.mkdir(parents=True, exist_ok=True)
-        self.evaluation = heldout.EpochEvaluation(
-            self.heldout, load_sample, self.typed.eval_steps, self.typed.max_length,
-            self.output / plot.PLOT_NAME, self.progress, self.evaluations)
-        self.evaluation.restore()
+        self.session.measure_on(self.heldout, kept_at=self.evaluations)
 
     def run(self, inputs: list[Path], epochs: int, name: str, seed: int) -> None:
         """`epochs` epochs over the states in `inputs`, shuffled by `seed`; `name` is the pass, for resuming."""
-        from remote.eagle3.shards import ShardStore, load_sample
-        from remote.eagle3.trainer import train
+        from remote.eagle3.shards import ShardStore
 
         files = [f for d in inputs for f in ShardStore(d).sample_files()]
         if not files:
             return  # every record of the chunk was skipped by extract (its reasons are counted)
-        if self.draft is None:
+        first = self.draft is None
+        if first:
             self.build(inputs)
-        settings = dataclasses.replace(self.typed, epochs=epochs)
-        state = self.resume_state(inputs, files, settings, name)
-        self.draft.to(self.device)
-        if state.step == 0:  # the run's first pass, nothing trained yet: epoch 0, the draft as it starts
-            if self.evaluation.before_training(self.draft, self.head) is not None:
-                self.save(kept.DRAFT, {"epoch": 0})  # kept unless an epoch measures at least as well
-        history = [h for h in self.history if h["step"] <= state.step]
-        self.history = history
-        if self.observer is None:
-            self.observer = self.reporter(state.step)
-
-        def on_step(step: int, loss: float, accuracies: list[float], records: int) -> None:
-            values = {f"acc_{k}": round(a, 4) for k, a in enumerate(accuracies)}
-            self.progress.metrics(step=step, loss=round(loss, 5), **values)
-            history.append({"step": step, "loss": loss, **values})
-            self.evaluation.on_step(loss)
-            self.observer.report(step, loss, accuracies)
-
-        def on_checkpoint(reached: Any) -> None:
-            from remote.eagle3 import resume
-
-            write_json_atomic(self.output / "history.json", history)  # first: a resumed run never lacks its steps
-            resume.save(self.output / "resume", self.draft, reached)
-            self.observer.reporter.flush()  # every step before the point a killed run resumes from is on disk
-
-        self.state = train(
-            self.draft, self.head, files, load_sample, epochs=epochs, batch_size=settings.batch_size,
-            learning_rate=settings.learning_rate, steps=settings.ttt_steps,
-            max_length=settings.max_length, on_step=on_step, on_epoch=lambda epoch: None, seed=seed,
-            state=state, on_checkpoint=on_checkpoint, checkpoint_every=settings.checkpoint_every,
-            schedule_steps=self.schedule_steps, warmup_steps=settings.warmup_steps(self.schedule_steps))
-        self.save(kept.LAST, {"pass": name})
-        if not self.heldout or not (self.output / kept.DRAFT).is_dir():  # nothing to choose by (yet): the latest
-            self.save(kept.DRAFT, {"pass": name})
-
-    def save(self, name: str, extra: dict[str, Any]) -> None:
-        """The draft as it is now, at ``<output>/<name>`` (`remote.eagle3.kept`: ``draft`` the kept, ``last`` the latest)."""
-        from remote.eagle3 import checkpoint
-
-        checkpoint.save(self.draft, self.output / name, {**extra, "release": self.ctx.release})
-
-    def reporter(self, step: int) -> Any:
-        """Where ``stages.train.report_to`` sends the curves (as the train stage does), from `step` on."""
-        reporter = reporting.open_reporter(self.typed.report_to, self.output, step, f"{self.ctx.dataset}-{self.ctx.release}",
-                                           dataclasses.asdict(self.typed))
-        return reporting.Observer(reporter, self.evaluation, step)
-
-    def resume_state(self, inputs: list[Path], files: list[Path], settings: TrainSettings, name: str) -> Any:
-        """The checkpoint on disk for the first pass of this process; after that, the optimizer as the last pass left it.
-        `name` is the pass (``chunk_pass``, part of the checkpoint's fingerprint)."""
-        from remote.eagle3 import resume
-        from remote.stages import train
-
-        if self.state is None:
-            driver = {**self.settings, "epochs": settings.epochs, "schedule_steps": self.schedule_steps, "chunk_pass": name}
-            stage = sub_context(self.ctx, "train", driver, self.output, inputs)
-            return train._resume_state(stage, self.draft, files, settings, self.relay)
-        fields: dict[str, Any] = {k: getattr(settings, k) for k in ("batch_size", "epochs", "max_length", "ttt_steps")}
-        fields["chunk_pass"] = name
-        return resume.TrainState(step=self.state.step, optimizer=self.state.optimizer, schedule=self.state.schedule,
-                                 data=resume.fingerprint(files, fields))
+        session = self.session
+        state = session.resume(files, epochs, chunk_pass=name, chunked=True, progress=self.relay)
+        if first and state.step == 0:  # the run's first pass, nothing trained yet: epoch 0, the draft as it starts
+            session.measure_start()  # held aside in .start/ until an epoch is measured, as the train stage does
+        if session.observer is None:
+            session.open_reporter()
+        session.train(files, epochs, seed=seed, schedule_steps=self.schedule_steps, measure_epochs=False)
+        session.save(kept.LAST, **{"pass": name})
+        if not self.heldout:  # nothing to choose by: the latest
+            session.save(kept.DRAFT, **{"pass": name})
 
     def measure(self, epoch: int) -> dict[str, Any]:
-        """The held-out figures after `epoch` epochs' worth of steps, kept (for a resumed run) and drawn."""
-        record = self.evaluation.on_epoch(epoch, self.draft, self.head)
-        if kept.is_best(record, self.evaluation.epochs):  # as the train stage keeps it: the best, the later of equals
-            self.save(kept.DRAFT, {"epoch": epoch})
-        if self.observer is not None:
-            self.observer.report_epochs()
+        """The held-out figures after `epoch` epochs' worth of steps, kept (for a resumed run) and drawn; the
+        draft to ``draft/`` when it is the best so far (as the train stage keeps it: the later of equals)."""
+        record = self.session.measure(epoch, self.typed.epochs, save_last=False)
         self.evaluation.draw()
         return record.as_dict()
 
@@ -246,22 +210,14 @@ class Trainer:
         """The train manifest, as the train stage writes it (with `route: chunked`)."""
         if self.draft is None:  # a rerun of a run that had ended: its manifest stands
             return read_json(self.output / "manifest.json", {})
-        if self.observer is not None:
-            self.observer.close()
+        session = self.session
+        session.stop()
+        session.settle_start()
         self.progress.note(kept.reason(self.evaluation.epochs))
-        write_json_atomic(self.output / "history.json", self.history)
-        manifest = {
-            "release": self.ctx.release, "engine": "aerie", "route": "chunked", "draft": str(self.output / "draft"),
-            "records": records, "epochs": epochs, "steps": len(self.history),
-            "first_loss": self.history[0]["loss"] if self.history else None,
-            "last_loss": self.history[-1]["loss"] if self.history else None,
-            "draft_vocab_size": self.draft.config["draft_vocab_size"],
-            "layers": self.extracted.get("layers"), "seconds": round(seconds, 3), "init_draft": self.typed.init_draft,
-            **self.evaluation.manifest(),
-        }
+        write_json_atomic(self.output / "history.json", session.history)
+        manifest = {**session.manifest(records, epochs, self.extracted.layers, seconds), "route": "chunked"}
         write_json_atomic(self.output / "manifest.json", manifest)
         return manifest
-
 
 
 def trained_token_counts(preps: dict[str, Path], heldout: dict[str, list[int]], vocab_size: int,
