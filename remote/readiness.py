@@ -3,8 +3,9 @@
 
 - the target (`target.model`) is a model directory on the host, and its tokenizer (`target.tokenizer`,
   else the model's) a directory there or in the host's Hugging Face cache;
-- `stages.extract.layers` are ids the target's architecture can capture, read from its config.json as
-  `remote.eagle3.layer_ids` reads them (what an id means differs by architecture);
+- `stages.extract.layers` (the request's, extract's as its job's spec carries them) are ids the target's
+  architecture can capture (`remote.eagle3.layer_ids`: what an id means differs by architecture), its
+  config.json read as every reader does (`remote.eagle3.model_config`: a bad one is the same line everywhere);
 - a prompts dataset has an inference server: one answering at `stages.infer.server_url`, or one the
   runner starts (`stages.infer.server_command`).
 
@@ -102,7 +103,8 @@ def server(prompts: list[str], url: str, managed: bool) -> dict[str, Any]:
 
 
 def checks(args: dict[str, Any]) -> list[dict[str, Any]]:
-    """The checks `args["readiness"]` names (`local.tasks.planning.readiness` builds it), in that order."""
+    """The checks `args["readiness"]` names (`local.tasks.planning.readiness` builds it), in that order; the layer
+    ids are the request's own (`inv plan`'s and `inv check`'s: extract's, as its job's spec carries them)."""
     asked = args.get("readiness") or {}
     root = Path(args["root"])
     results = []
@@ -113,7 +115,7 @@ def checks(args: dict[str, Any]) -> list[dict[str, Any]]:
             found, config = target(root, asked["model"])
             results.append(found)
             if config is not None:
-                results.append(layers(asked["layers"], config))
+                results.append(layers(args["layers"], config))
         elif name == "server":
             results.append(server(asked["prompts"], asked["server_url"], asked["server_managed"]))
     return results

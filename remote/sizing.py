@@ -172,7 +172,7 @@ def plan(args: dict[str, Any]) -> dict[str, Any]:
         "unknown": [d["dataset"] for d in datasets if d["tokens"] is None],
     }
     if hidden is None:
-        result["reason"] = f"no hidden_size: {why}"
+        result["reason"] = why  # the reader's own line, as every other reader of the config gives it
         return result
     per_token = bytes_per_token(layers, hidden, dtype)
     records = sum(d["records"] or 0 for d in known)
