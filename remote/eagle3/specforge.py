@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remote.eagle3 import StageInputError, reporting
+from remote.eagle3 import StageInputError, model_config, reporting
 from remote.eagle3.train_settings import TrainSettings
 
 SCRIPT = Path("scripts") / "train_eagle3.py"
