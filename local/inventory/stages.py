@@ -1,7 +1,8 @@
 """The stages' settings (`stages:` of an inventory): every default and doc, declared here once.
 
-The host's typed classes (remote/*/*_settings.py) read what a job's spec sends of them; `inv plan`,
-`inv run` and `inv eval` read them on the workstation.
+The host's typed classes (remote/*/*_settings.py) read what a job's spec sends of them; `inv plan` and
+`inv check` send the host the values the spec's builder makes (`local.jobs.specs.sent_settings`), so a
+setting reaches the host one way. `inv plan`, `inv run` and `inv eval` read them on the workstation too.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ FIXES = {
     "stages.train.init_draft": "point it at a draft directory on the host (SGLang's --speculative-draft-model-path)",
 }
 DEFAULT_FIX = "point it at a model directory whose config.json is the model's own"
+JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "true/false", type(None): "null"}
 
 
 class ConfigError(StageInputError):
@@ -144,7 +145,7 @@ def read(model: str | Path, setting: str, base: Path | None = None) -> ModelConf
     path = directory(model, setting, base)
     try:
         raw = json.loads((path / FILE).read_text())
-        why = "" if isinstance(raw, dict) else f"a JSON {type(raw).__name__}"
+        why = "" if isinstance(raw, dict) else f"a JSON {JSON_KINDS.get(type(raw), 'value')}"
     except (OSError, UnicodeDecodeError) as exc:
         raw, why = None, f"unreadable: {exc.strerror or exc}" if isinstance(exc, OSError) else "not UTF-8 text"
     except json.JSONDecodeError as exc:
@@ -160,5 +161,5 @@ def read(model: str | Path, setting: str, base: Path | None = None) -> ModelConf
 
 
 def of(raw: dict[str, Any], directory: Path = Path("."), setting: str = "target.model") -> ModelConfig:
-    """A `ModelConfig` of a config already in hand (the server's, a test's), checked as `read` checks a file's."""
+    """A `ModelConfig` of a config already in hand (a server's, a test's); its fields are checked as a read one's."""
     return ModelConfig(directory, setting, raw)
