@@ -16,6 +16,7 @@ from typing import Any
 from remote import sizing
 from remote.control_plane import hints, inference_server, layout
 from remote.eagle3 import server_check, target_memory
+from remote.eagle3.model_config import ConfigError
 
 # NOTE: tiktoken is what Kimi-K2.5's own tokenizer (trust_remote_code) is built on.
 PACKAGES = ("datasets", "transformers", "tokenizers", "tiktoken", "torch", "pyarrow", "safetensors", "xxhash")
@@ -54,7 +55,10 @@ def gpus() -> dict[str, Any]:
 def disk(root: Path, datasets: list[str], layers: list[int], model: str | None, dtype: str) -> dict[str, Any]:
     """Free space against the hidden states' size, sized as `inv plan` sizes them (`sizing.stored_bytes`)."""
     free = sizing.free_bytes(root)
-    width = sizing.hidden_size(model)
+    try:
+        width = sizing.hidden_size(model)
+    except ConfigError as exc:  # the target's row of `inv check` names it too
+        return check("disk", True, f"{free / 2**30:,.1f} GiB free; no estimate: {exc}")
     manifests = [m for m in (sizing.prep_manifest(layout.data_dir(root, name)) for name in datasets) if m]
     tokens = sum(int(m["tokens"]["total"]) for m in manifests)
     if not width or not tokens:

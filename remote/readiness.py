@@ -3,8 +3,9 @@
 
 - the target (`target.model`) is a model directory on the host, and its tokenizer (`target.tokenizer`,
   else the model's) a directory there or in the host's Hugging Face cache;
-- `stages.extract.layers` are ids the target's architecture can capture, read from its config.json as
-  `remote.eagle3.layer_ids` reads them (what an id means differs by architecture);
+- `stages.extract.layers` (the request's, extract's as its job's spec carries them) are ids the target's
+  architecture can capture (`remote.eagle3.layer_ids`: what an id means differs by architecture), its
+  config.json read as every reader does (`remote.eagle3.model_config`: a bad one is the same line everywhere);
 - a prompts dataset has an inference server: one answering at `stages.infer.server_url`, or one the
   runner starts (`stages.infer.server_command`).
 
@@ -14,14 +15,14 @@ skipped. The request is `local.tasks.planning.readiness`'s. Standard library onl
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
 from remote.control_plane import inference_server
-from remote.eagle3 import StageInputError, layer_ids
+from remote.eagle3 import StageInputError, layer_ids, model_config
+from remote.eagle3.model_config import ConfigError, ModelConfig
 from remote.preflight import check
 
 #: A Hugging Face hub id (`org/name`), which prep's tokenizer may be; the model must be a directory.
@@ -34,27 +35,18 @@ def on_host(root: Path, value: str) -> Path:
     return path if path.is_absolute() else root / "current" / path
 
 
-def read_config(model: Path) -> dict[str, Any] | None:
-    try:
-        config = json.loads((model / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return config if isinstance(config, dict) else None
-
-
-def target(root: Path, model: str | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The model's check, and its config when it is readable."""
+def target(root: Path, model: str | None) -> tuple[dict[str, Any], ModelConfig | None]:
+    """The model's check, and its config when it is readable (`remote.eagle3.model_config`)."""
     if not model:
         return check("target", False, "target.model is not set: extract needs the target model's directory on the host"), None
-    path = on_host(root, model)
-    config = read_config(path)
-    if config is None:
-        what = "no config.json in" if path.is_dir() else "no such directory:"
-        cached = cached_snapshot(model, "config.json") if HUB_ID.fullmatch(model) else None
-        fix = (f"it is in the host's Hugging Face cache: set target.model to {cached}" if cached else
-               "point it at the model's directory there (`huggingface-cli download REPO --local-dir DIR`)")
-        return check("target", False, f"target.model {model!r}: {what} {path} on the host; {fix}"), None
-    return check("target", True, f"{path}: {(config.get('architectures') or ['?'])[0]}"), config
+    try:
+        config = model_config.read(on_host(root, model), "target.model")
+    except ConfigError as exc:
+        cached = cached_snapshot(model, "config.json") if exc.problem.startswith("no ") and HUB_ID.fullmatch(model) else None
+        line = exc.with_fix(f"it is in the host's Hugging Face cache: set target.model to {cached}") if cached else exc
+        return check("target", False, str(line)), None
+    names = config.raw.get("architectures")
+    return check("target", True, f"{config.directory}: {names[0] if isinstance(names, list) and names else '?'}"), config
 
 
 def hub_cache() -> Path:
@@ -88,17 +80,13 @@ def tokenizer(root: Path, name: str | None) -> dict[str, Any]:
     return check("tokenizer", False, f"target.tokenizer {name!r}: no such directory on the host ({path})")
 
 
-def layers(ids: list[int], config: dict[str, Any]) -> dict[str, Any]:
+def layers(ids: list[int], config: ModelConfig) -> dict[str, Any]:
     """The ids against the target's architecture and depth, as the extract stage checks them."""
-    text = config.get("text_config") or config
     try:
-        arch = layer_ids.architecture(config)
-        count = int(text["num_hidden_layers"])
+        arch, count = config.architecture, config.num_layers
         layer_ids.validate_layers(list(ids), count, arch)
     except StageInputError as exc:
         return check("layers", False, str(exc))
-    except (KeyError, TypeError, ValueError):
-        return check("layers", False, "the target's config.json has no num_hidden_layers: is target.model a causal LM?")
     return check("layers", True, f"{list(ids)} on a {count}-layer {arch}: {layer_ids.CONVENTIONS[layer_ids.rule(arch)]}")
 
 
@@ -115,7 +103,8 @@ def server(prompts: list[str], url: str, managed: bool) -> dict[str, Any]:
 
 
 def checks(args: dict[str, Any]) -> list[dict[str, Any]]:
-    """The checks `args["readiness"]` names (`local.tasks.planning.readiness` builds it), in that order."""
+    """The checks `args["readiness"]` names (`local.tasks.planning.readiness` builds it), in that order; the layer
+    ids are the request's own (`inv plan`'s and `inv check`'s: extract's, as its job's spec carries them)."""
     asked = args.get("readiness") or {}
     root = Path(args["root"])
     results = []
@@ -126,7 +115,7 @@ def checks(args: dict[str, Any]) -> list[dict[str, Any]]:
             found, config = target(root, asked["model"])
             results.append(found)
             if config is not None:
-                results.append(layers(asked["layers"], config))
+                results.append(layers(args["layers"], config))
         elif name == "server":
             results.append(server(asked["prompts"], asked["server_url"], asked["server_managed"]))
     return results

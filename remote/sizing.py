@@ -35,7 +35,8 @@ from typing import Any
 
 from remote.control_plane import layout
 from remote.control_plane.states import DRAFT
-from remote.eagle3 import target_memory
+from remote.eagle3 import model_config, target_memory
+from remote.eagle3.model_config import ConfigError
 from remote.eagle3.target_memory import DTYPE_BYTES
 
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
@@ -82,14 +83,11 @@ def bytes_per_token(layers: list[int], hidden: int, dtype: str) -> int:
 
 
 def hidden_size(model: str | None) -> int | None:
-    """The target's hidden size from its config.json (a directory on the host), if readable."""
+    """The target's hidden size from its config.json (a directory on the host); None while target.model is
+    unset, `ConfigError` (one line) when its config cannot give it."""
     if not model:
         return None  # NOTE: not Path("") / "config.json", which is the working directory's
-    try:
-        config = json.loads((Path(model) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError, TypeError):
-        return None
-    return (config.get("text_config") or config).get("hidden_size")
+    return model_config.read(model, "target.model").hidden_size
 
 
 def free_bytes(root: Path) -> int:
@@ -156,7 +154,10 @@ def plan(args: dict[str, Any]) -> dict[str, Any]:
     """The figures `inv plan` shows, from the request the workstation sends (see `local.tasks.planning`)."""
     root = Path(args["root"])
     layers, dtype = list(args["layers"]), args["dtype"]
-    hidden = hidden_size(args.get("model"))
+    try:
+        hidden, why = hidden_size(args.get("model")), "target.model is not set"
+    except ConfigError as exc:
+        hidden, why = None, str(exc)
     datasets = [dataset_tokens(root, d) for d in args["datasets"]]
     known = [d for d in datasets if d["tokens"] is not None]
     tokens = sum(d["tokens"] for d in known)
@@ -171,7 +172,7 @@ def plan(args: dict[str, Any]) -> dict[str, Any]:
         "unknown": [d["dataset"] for d in datasets if d["tokens"] is None],
     }
     if hidden is None:
-        result["reason"] = f"no hidden_size: no readable config.json under target.model {args.get('model')!r} on the host"
+        result["reason"] = why  # the reader's own line, as every other reader of the config gives it
         return result
     per_token = bytes_per_token(layers, hidden, dtype)
     records = sum(d["records"] or 0 for d in known)

@@ -18,6 +18,7 @@ import pytest
 from benchmarks.harness.checkout import SAMPLES, Bench, copy_checkout
 from benchmarks.harness.json_http import JSONHandler
 from remote import readiness
+from remote.eagle3.model_config import of
 
 LLAMA = "LlamaForCausalLM"
 
@@ -48,11 +49,11 @@ def inventory(bench: Bench, target: Path, layers: list[int], kinds: dict[str, st
 
 def test_layer_ids_are_checked_with_the_architecture_s_own_meaning_of_an_id(tmp_path: Path) -> None:
     """The same ids on the same depth: Llama's id is a layer's output (ids up to N - 2), DeepSeek's its input (N - 1)."""
-    llama = readiness.layers([0, 1, 3], {"architectures": [LLAMA], "num_hidden_layers": 4})
-    deepseek = readiness.layers([0, 1, 3], {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 4})
+    llama = readiness.layers([0, 1, 3], of({"architectures": [LLAMA], "num_hidden_layers": 4}))
+    deepseek = readiness.layers([0, 1, 3], of({"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 4}))
     assert llama["status"] == "fail" and "[3] out of range for a 4-layer LlamaForCausalLM" in llama["detail"]
     assert deepseek["status"] == "ok"
-    kimi = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {"num_hidden_layers": 61}}
+    kimi = of({"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {"num_hidden_layers": 61}})
     assert readiness.layers([2, 30, 58], kimi)["status"] == "ok"  # Kimi-K2.5 keeps its depth in text_config
     assert readiness.layers([2, 30, 61], kimi)["status"] == "fail"
 

@@ -12,6 +12,7 @@ import torch
 
 from remote.eagle3 import StageInputError
 from remote.eagle3.extractor import language_config, load_target
+from remote.eagle3.target import read_target
 from remote.eagle3.shards import ShardStore, load_sample
 from tests.pipeline_fixtures import TINY_LAYERS, make_records, run_stage, stage_env, write_prep
 from tests.tiny_kimi import build_kimi_int4_model, reference_model
@@ -87,7 +88,7 @@ def test_the_load_that_misses_the_quantization_config_is_refused_naming_the_expe
 
     from remote.eagle3 import load_report
 
-    text = language_config(int4_target)
+    text = language_config(read_target(int4_target))
     text.quantization_config = None
     del text.quantization_config
     _, info = AutoModelForCausalLM.from_pretrained(int4_target, config=text, key_mapping={r"^language_model\.": ""},

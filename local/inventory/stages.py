@@ -1,7 +1,8 @@
 """The stages' settings (`stages:` of an inventory): every default and doc, declared here once.
 
-The host's typed classes (remote/*/*_settings.py) read what a job's spec sends of them; `inv plan`,
-`inv run` and `inv eval` read them on the workstation.
+The host's typed classes (remote/*/*_settings.py) read what a job's spec sends of them; `inv plan` and
+`inv check` send the host the values the spec's builder makes (`local.jobs.specs.sent_settings`), so a
+setting reaches the host one way. `inv plan`, `inv run` and `inv eval` read them on the workstation too.
 """
 
 from __future__ import annotations
@@ -84,7 +85,11 @@ class Extract(Stage):
                                             "the capture, e.g. PYTHONPATH or CUDA_VISIBLE_DEVICES")
     sglang_args: dict[str, Any] = setting(factory=dict, description="engine sglang: more fields of SGLang's "
                                           "ServerArgs for the target, e.g. {mem_fraction_static: 0.8}")
-    layers: list[int] = setting(factory=lambda: [2, 30, 58])
+    layers: list[int] = setting(
+        factory=lambda: [2, 30, 58], description="the auxiliary layer ids whose hidden states the draft is trained on, "
+        "as the draft's config gives them to SGLang (eagle_aux_hidden_state_layer_ids): what an id captures depends on "
+        "the target's architecture (docs/hidden-states.md); three distinct ids in increasing order, checked against "
+        "the target's config.json by `inv plan`, `inv check` and `inv run` before any job starts")
     batch_size: int = setting(1, ge=1)
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     shard_size: int = setting(1000, ge=1)

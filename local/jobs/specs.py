@@ -126,6 +126,12 @@ def stage_config(inventory: Inventory, stage: str) -> dict[str, Any]:
     return {"stage": values, "inventory": shared_config(inventory)}
 
 
+def sent_settings(inventory: Inventory, stage: str) -> dict[str, Any]:
+    """`stage`'s settings as its job's spec carries them (``config.stage``): `inv plan` and `inv check` read a
+    stage's settings from here too, so that each reaches the host built one way."""
+    return stage_config(inventory, stage)["stage"]
+
+
 def shared_config(inventory: Inventory) -> dict[str, Any]:
     """``config.inventory``: what every stage reads of the inventory besides its own settings (the target)."""
     return {"target": dumped(inventory.target, inventory.host.root)}

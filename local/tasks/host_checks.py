@@ -34,11 +34,12 @@ def check(host: RemoteHost, console: Console, install: bool = False, verify: boo
             host.pip_install(wanted, out)
         finally:
             out.close()
-    results = host.call_sent("check", layers=inventory.stages.extract.layers, dtype=inventory.stages.extract.dtype,
+    extract = specs.sent_settings(inventory, "extract")  # as extract's job gets them: one way to the host
+    results = host.call_sent("check", layers=extract["layers"], dtype=extract["dtype"],
                              datasets=list(inventory.datasets),
                              model=specs.dumped(inventory.target, host.root)["model"],
                              server_url=inventory.stages.infer.server_url,
                              readiness=planning.readiness(inventory, host.root),
-                             extract_engine=inventory.stages.extract.engine, verify=verify)
+                             extract_engine=extract["engine"], verify=verify)
     console.print(tables.checks(results, f"checks on {host.name}"))
     return results

@@ -27,13 +27,15 @@ if TYPE_CHECKING:
 
 def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]] | None = None,
             names: list[str] | None = None) -> dict[str, Any]:
-    extract, train, prep = inventory.stages.extract, inventory.stages.train, inventory.stages.prep
+    train, prep = inventory.stages.train, inventory.stages.prep
+    extract = specs.sent_settings(inventory, "extract")  # as extract's job gets them: one way to the host
     return {
         "root": root, "readiness": readiness(inventory, root, names),
         "model": specs.dumped(inventory.target, root)["model"],
-        "layers": extract.layers, "dtype": extract.dtype, "disk_budget": extract.disk_budget,
-        "route": extract.route, "engine": train.engine, "extract_engine": extract.engine, "max_length": prep.max_length,
-        "epochs": train.epochs, "train_nproc": train.nproc, "passes": extract.passes or train.epochs, "resident": extract.command is None,
+        "layers": extract["layers"], "dtype": extract["dtype"], "disk_budget": extract["disk_budget"],
+        "route": extract["route"], "engine": train.engine, "extract_engine": extract["engine"], "max_length": prep.max_length,
+        "epochs": train.epochs, "train_nproc": train.nproc, "passes": extract["passes"] or train.epochs,
+        "resident": inventory.stages.extract.command is None,
         "datasets": [
             {"dataset": name, "source": d.source, "kind": d.kind, "rows": d.rows, "limit": d.limit,
              "max_length": prep.max_length, "estimate": (estimates or {}).get(name),
@@ -46,8 +48,9 @@ def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]
 
 def readiness(inventory: Inventory, root: str, names: list[str] | None = None) -> dict[str, Any]:
     """What `remote/readiness.py` checks before a run of `names` (default: every dataset): the target and its
-    tokenizer, the layer ids against it, an inference server for prompts datasets. A stage with a `command`
-    of its own runs the user's code: its checks are left out."""
+    tokenizer, the layer ids against it (the request's own ``layers``, extract's as its spec carries them), an
+    inference server for prompts datasets. A stage with a `command` of its own runs the user's code: its checks
+    are left out."""
     stages, target = inventory.stages, specs.dumped(inventory.target, root)
     chosen = inventory.select(names) if inventory.datasets else []
     prompts = [name for name in chosen if inventory.datasets[name].kind == "prompts"]
@@ -55,7 +58,7 @@ def readiness(inventory: Inventory, root: str, names: list[str] | None = None) -
                                         ("target", chosen and stages.extract.command is None),
                                         ("server", prompts and stages.infer.command is None)) if wanted]
     return {"checks": checks, "tokenizer": target["tokenizer"] or target["model"], "model": target["model"],
-            "layers": stages.extract.layers, "prompts": prompts, "server_url": stages.infer.server_url,
+            "prompts": prompts, "server_url": stages.infer.server_url,
             "server_managed": stages.infer.server_command is not None}
 
 

@@ -1,6 +1,7 @@
 """EAGLE-3 on the host: hidden-state extraction and draft training.
 
 - `layers`: what an auxiliary layer id means and which ids are valid.
+- `model_config`: a model's config.json (the target's or a draft's), the one reader, one error line.
 - `target`: the target model's shape and the few weights the draft needs.
 - `draft_config`: the draft's config.json and the feature-width check.
 - `prep_input`: the prep stage's tokenised records, checked before use.

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from remote.eagle3 import model_config
 from remote.eagle3.model import Eagle3Draft
 
 WEIGHTS = "model.safetensors"
@@ -62,7 +63,7 @@ def load(directory: Path, embed: torch.Tensor) -> Eagle3Draft:
     """A draft from a checkpoint, given the target's embeddings."""
     from safetensors.torch import load_file
 
-    config = json.loads((directory / "config.json").read_text())
+    config = model_config.read(directory, "the draft checkpoint").raw
     draft = Eagle3Draft(config)
     state = load_file(str(directory / WEIGHTS))
     state["embed_tokens.weight"] = embed

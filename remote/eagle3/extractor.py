@@ -19,7 +19,6 @@ tower is never built.
 
 from __future__ import annotations
 
-import json
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,24 +27,26 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from remote.eagle3 import StageInputError, load_report
 from remote.eagle3.prep_input import Record
 from remote.eagle3.shards import ShardStore
-from remote.eagle3.target import LANGUAGE_PREFIX, quantization_config
+from remote.eagle3.model_config import ModelConfig
+from remote.eagle3.target import LANGUAGE_PREFIX, read_target
 from remote.control_plane.progress import Progress
 
 DTYPES = ("bfloat16", "float16", "float32")
 
 
-def load_target(path: Any, dtype: str, trust_remote_code: bool, device: str):
+def load_target(path: Any, dtype: str, trust_remote_code: bool, device: str, config: ModelConfig | None = None):
     """The target's language model in eval mode on `device` (spread over every GPU when there are several),
     refused unless every parameter came from the checkpoint and every tensor of it was used
-    (`remote.eagle3.load_report`), its parameters in `dtype`."""
+    (`remote.eagle3.load_report`), its parameters in `dtype`. `config`: its config.json, when already read."""
     import torch
     from transformers import AutoModelForCausalLM
 
     kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype), "trust_remote_code": trust_remote_code}
     if device == "cuda" and torch.cuda.device_count() > 1:
         kwargs["device_map"] = "auto"
-    load_report.check_checkpoint(Path(path), quantization_config(Path(path)))
-    text = language_config(Path(path))
+    config = config or read_target(Path(path))
+    load_report.check_checkpoint(Path(path), config.quantization)
+    text = language_config(config)
     if text is not None:
         # NOTE: the wrapper's weights are `language_model.<causal LM name>`; the
         # mapping strips the prefix and the vision weights are left unread.
@@ -61,7 +62,7 @@ def load_target(path: Any, dtype: str, trust_remote_code: bool, device: str):
     return model
 
 
-def language_config(path: Path):
+def language_config(config: ModelConfig):
     """The `text_config` of a multimodal wrapper as a transformers config, or None for a plain causal LM.
 
     Kimi's text ``model_type`` (``kimi_k2``) is not one transformers knows; its
@@ -74,18 +75,17 @@ def language_config(path: Path):
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    raw = json.loads((path / "config.json").read_text())
-    text = raw.get("text_config")
-    if not isinstance(text, dict):
+    if not config.is_wrapper:
         return None
+    text = config.text
     values = {k: v for k, v in text.items() if k != "model_type"}
-    quantization = quantization_config(path)
-    if quantization is not None:
-        values["quantization_config"] = quantization
+    if config.quantization is not None:
+        values["quantization_config"] = config.quantization
     model_type = text.get("model_type", "")
     if model_type not in CONFIG_MAPPING:
         if "kv_lora_rank" not in text:
-            raise StageInputError(f"{path / 'config.json'}: text_config model_type {model_type!r} is unknown to transformers")
+            raise config.error(f"has text_config model_type {model_type!r}, which transformers does not know",
+                               "give the language model's model_type, or an MLA text_config (kv_lora_rank) read as deepseek_v3")
         model_type = "deepseek_v3"
     return AutoConfig.for_model(model_type, **values)
 

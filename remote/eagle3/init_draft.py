@@ -33,13 +33,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from remote.eagle3 import StageInputError
-from remote.eagle3 import draft_config
+from remote.eagle3 import draft_config, model_config
 
 #: Config keys only a multi-head latent attention (MLA) draft has (SGLang's kimi_k25_eagle3).
 MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim")
 #: Prefixes a published draft's weight names may carry.
 PREFIXES = ("language_model.", "model.")
 MAPS = ("d2t", "t2d")
+INIT_DRAFT = "stages.train.init_draft"
 
 
 @dataclass(frozen=True)
@@ -65,12 +66,7 @@ class InitDraft:
 
 def directory(setting: str) -> Path:
     """The draft's directory (relative: from the release directory), refused unless it has a config.json."""
-    path = Path(setting).expanduser()
-    path = path if path.is_absolute() else Path.cwd() / path
-    if not (path / "config.json").is_file():
-        raise StageInputError(f"stages.train.init_draft {setting!r}: no config.json in {path}; "
-                              "point it at a draft directory on the host (SGLang's --speculative-draft-model-path)")
-    return path
+    return model_config.directory(setting, INIT_DRAFT)
 
 
 def aerie_name(name: str) -> str:
@@ -86,15 +82,10 @@ def aerie_name(name: str) -> str:
 
 def inspect(setting: str) -> InitDraft:
     """The draft's config and its tensors' names and shapes (the safetensors headers only: no weight is read)."""
-    import json
-
     from safetensors import safe_open
 
     path = directory(setting)
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise StageInputError(f"stages.train.init_draft {path}/config.json is not valid JSON ({exc.msg} at line {exc.lineno})")
+    config = model_config.read(path, INIT_DRAFT).raw
     files = sorted(path.glob("*.safetensors"))
     if not isinstance(config, dict) or not files:
         raise StageInputError(f"stages.train.init_draft {path}: expected SGLang's draft layout, a config.json object "

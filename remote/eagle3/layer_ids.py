@@ -31,11 +31,9 @@ Standard library only: ``inv check``'s host side reads it too.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
-from remote.eagle3 import StageInputError
+from remote.eagle3 import StageInputError, model_config
 
 #: EAGLE-3 fuses exactly three auxiliary states: SGLang's ``fc`` is ``3 * H -> H``.
 EAGLE3_AUX_LAYERS = 3
@@ -65,23 +63,9 @@ CONVENTIONS = {
 }
 
 
-def architecture(config: dict[str, Any], where: str = "the target's config.json") -> str:
-    """The target's architecture as SGLang picks its model class: the top-level ``architectures[0]``."""
-    names = config.get("architectures")
-    if not isinstance(names, list) or not names or not isinstance(names[0], str):
-        raise StageInputError(f"{where} has no architectures list: SGLang picks the model code (and what a layer "
-                              "id means) from it; add e.g. \"architectures\": [\"LlamaForCausalLM\"]")
-    return names[0]
-
-
 def target_architecture(model: Path) -> str:
-    """`architecture` of the target model directory `model` (its config.json, no weights read)."""
-    path = Path(model) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise StageInputError(f"{path}: cannot read the target's config ({exc})") from None
-    return architecture(config if isinstance(config, dict) else {}, str(path))
+    """The architecture of the target model directory `model` (its config.json, no weights read)."""
+    return model_config.read(model, "target.model").architecture
 
 
 def rule(arch: str) -> str:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from remote.control_plane.inference_server import ServerError, base_url
-from remote.eagle3 import StageInputError
-from remote.eagle3 import layer_ids
+from remote.eagle3 import StageInputError, layer_ids, model_config
+from remote.eagle3.model_config import ConfigError
 
 
 def server_info(url: str, timeout: float = 10.0) -> dict[str, Any]:
@@ -43,10 +43,15 @@ def server_info(url: str, timeout: float = 10.0) -> dict[str, Any]:
             raise ServerError(f"cannot read {root}{path}: {exc}") from None
     if info is None:
         raise ServerError(f"{root} has no /server_info or /get_server_info: not an SGLang server?")
-    for key, path_key in (("draft_config", "speculative_draft_model_path"), ("target_config", "model_path")):
-        config = _read_config(info.get(path_key))
-        if config is not None:
-            info[key] = config
+    for key, path_key, setting in (("draft_config", "speculative_draft_model_path", "the server's --speculative-draft-model-path"),
+                                   ("target_config", "model_path", "the server's --model-path")):
+        path = info.get(path_key)
+        if not path or not Path(path).is_dir():
+            continue  # NOTE: the server may run on another machine: nothing here to read
+        try:
+            info[key] = model_config.read(path, setting).raw
+        except ConfigError as exc:
+            info.setdefault("config_errors", []).append(str(exc))
     return info
 
 
@@ -66,6 +71,7 @@ def check_server_config(info: dict[str, Any], layers: list[int]) -> list[str]:
     problems = []
     if not algorithm:
         return problems
+    problems += info.get("config_errors") or []
     if algorithm == "EAGLE" and (_is_eagle3_draft(draft) or not draft):
         problems.append(
             "server runs --speculative-algorithm EAGLE but the draft is EAGLE-3: the draft gets the final hidden "
@@ -125,9 +131,8 @@ def server_captures(info: dict[str, Any]) -> list[int] | None:
     """The decoder layers whose inputs SGLang captures for a draft without ids, or None when unknown."""
     if not info.get("draft_config"):
         return None
-    target = info.get("target_config") or {}
-    n = (target.get("text_config") or target).get("num_hidden_layers")
-    return [2, n // 2, n - 3] if n else None
+    n = model_config.of(info.get("target_config") or {}).text.get("num_hidden_layers")
+    return [2, n // 2, n - 3] if isinstance(n, int) and n else None
 
 
 def _draft_ids(info: dict[str, Any]) -> list[int] | None:
@@ -145,12 +150,3 @@ def _target_architecture(info: dict[str, Any]) -> str | None:
 def _is_eagle3_draft(draft: dict[str, Any]) -> bool:
     architectures = " ".join(draft.get("architectures") or [])
     return "eagle3" in architectures.lower() or "eagle_config" in draft
-
-
-def _read_config(path: str | None) -> dict[str, Any] | None:
-    if not path:
-        return None
-    try:
-        return json.loads((Path(path) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None

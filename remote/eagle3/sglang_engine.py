@@ -66,8 +66,8 @@ def environment(extra: dict[str, str]) -> dict[str, str]:
 def worker_spec(checked: Any, nproc: int) -> dict[str, Any]:
     """What every worker is started with (`checked`: `remote.stages.extract.ExtractPlan`)."""
     settings = checked.settings
-    return {"target": str(checked.shape.path), "dtype": checked.dtype, "trust_remote_code": checked.trust_remote_code,
-            "layers": list(checked.layers), "shard_size": checked.shard_size, "batch_size": checked.batch_size,
+    return {"target": str(checked.shape.path), "dtype": settings.dtype, "trust_remote_code": checked.trust_remote_code,
+            "layers": list(settings.layers), "shard_size": settings.shard_size, "batch_size": settings.batch_size,
             "tp_size": nproc, "sglang_args": dict(settings.sglang_args), "timeout_minutes": TIMEOUT_MINUTES}
 
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from remote.eagle3 import StageInputError, reporting
+from remote.eagle3 import StageInputError, model_config, reporting
 from remote.eagle3.train_settings import TrainSettings
 
 SCRIPT = Path("scripts") / "train_eagle3.py"
@@ -321,7 +321,7 @@ def finish_draft(draft_dir: Path, layers: list[int]) -> dict[str, Any]:
     path = draft_dir / "config.json"
     if not path.is_file() or not any(draft_dir.glob("*.safetensors")):
         raise StageInputError(f"SpecForge left no draft in {draft_dir} (config.json and *.safetensors expected)")
-    config = json.loads(path.read_text())
+    config = model_config.read(draft_dir, "SpecForge's exported draft").raw
     eagle = dict(config.get("eagle_config") or {})
     ids = eagle.get("eagle_aux_hidden_state_layer_ids")
     if ids is not None and list(ids) != list(layers):

@@ -14,12 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remote.eagle3 import StageInputError
+from remote.eagle3 import StageInputError, model_config
+from remote.eagle3.model_config import ModelConfig
 
 EMBED_SUFFIX = "embed_tokens.weight"
 LM_HEAD_SUFFIX = "lm_head.weight"
 #: Where a multimodal wrapper (Kimi-K2.5) keeps its language model's weights.
 LANGUAGE_PREFIX = "language_model."
+#: The setting that names the target's directory.
+TARGET = "target.model"
+#: What a target's config must give: its width, depth and vocabulary.
+SHAPE = ("hidden_size", "num_hidden_layers", "vocab_size")
 
 
 @dataclass(frozen=True)
@@ -39,51 +44,35 @@ def target_settings(shared: dict[str, Any]) -> tuple[Path, bool]:
     model = target.get("model")
     if not model:
         raise StageInputError("target.model is not set in the inventory: give the target model's directory on the host")
-    path = Path(model).expanduser()
-    if not path.is_absolute():
-        path = Path.cwd() / path
-    if not (path / "config.json").is_file():
-        raise StageInputError(f"target.model {model!r}: no config.json in {path}; point it at a model directory on the host")
-    return path, bool(target.get("trust_remote_code", False))
+    return model_config.directory(model, TARGET), bool(target.get("trust_remote_code", False))
+
+
+def read_target(path: Path) -> ModelConfig:
+    """The target's config.json (`remote.eagle3.model_config`), refused unless it has a causal LM's shape."""
+    return model_config.read(path, TARGET).require(*SHAPE)
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    """The target's (text) config as a dict, read from config.json without importing transformers.
-
-    Multimodal wrappers such as Kimi-K2.5 keep the language model's shape in
-    ``text_config``; reading the JSON needs no ``trust_remote_code``.
-    """
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise StageInputError(f"{path / 'config.json'} is not valid JSON ({exc.msg})")
-    text = config.get("text_config") or config
-    missing = [k for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k not in text]
-    if missing:
-        raise StageInputError(f"{path / 'config.json'} lacks {', '.join(missing)}: is target.model a causal LM?")
-    return {**text, "tie_word_embeddings": config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))}
+    """The target's (text) config as a dict, with the wrapper's ``tie_word_embeddings``: what a new draft is built from."""
+    config = read_target(path)
+    return {**config.text, "tie_word_embeddings": config.tie_word_embeddings}
 
 
 def quantization_config(path: Path) -> dict[str, Any] | None:
-    """The checkpoint's quantization config: the text config's, else the wrapper's top-level one -- both
-    placements mean the language model's weights (vLLM's ``KimiK25Config`` propagates the one inside
-    ``text_config`` up; transformers reads only the config it builds the model from)."""
-    config = json.loads((path / "config.json").read_text())
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    found = text.get("quantization_config") or config.get("quantization_config")
-    return found if isinstance(found, dict) else None
+    """The target's quantization config (`ModelConfig.quantization`)."""
+    return model_config.read(path, TARGET).quantization
+
+
+def shape_of(config: ModelConfig) -> TargetShape:
+    """The target's shape, from its config alone (no weights)."""
+    config.require(*SHAPE)
+    return TargetShape(path=config.directory, hidden_size=config.hidden_size, num_layers=config.num_layers,
+                       vocab_size=config.vocab_size, tie_word_embeddings=config.tie_word_embeddings)
 
 
 def read_shape(path: Path) -> TargetShape:
-    """The target's shape, from its config alone (no weights)."""
-    text = read_config(path)
-    return TargetShape(
-        path=path,
-        hidden_size=int(text["hidden_size"]),
-        num_layers=int(text["num_hidden_layers"]),
-        vocab_size=int(text["vocab_size"]),
-        tie_word_embeddings=bool(text["tie_word_embeddings"]),
-    )
+    """The shape of the target in `path` (`shape_of` its config)."""
+    return shape_of(read_target(path))
 
 
 def read_tensor(path: Path, suffix: str):

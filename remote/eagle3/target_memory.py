@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from remote.eagle3 import StageInputError
+from remote.eagle3.model_config import ConfigError
 from remote.eagle3.target import LANGUAGE_PREFIX, quantization_config
 from remote.eagle3.target_tensors import COMPRESSED_NAMES, PACKED, Tensor, read_tensors
 
@@ -77,8 +78,8 @@ def host_memory() -> int:
 def engines(path: Path, dtype: str, gpu_bytes: list[int], host_bytes: int) -> dict[str, dict[str, Any]]:
     """Per engine: {need_bytes, capacity_bytes, fits, holds, in, params, quantized_params} for the target in
     `path` run in `dtype` on GPUs of `gpu_bytes` each (none: the HF engine uses `host_bytes` of RAM)."""
+    quantization = quantization_config(path)  # first: a model directory's config.json, or the one line why not
     tensors = read_tensors(path)
-    quantization = quantization_config(path)
     params, quantized = hf_parameters(tensors, quantization, wrapper=any(t.name.startswith(LANGUAGE_PREFIX) for t in tensors))
     stored = sum(t.nbytes for t in tensors)
     count = len(gpu_bytes)
@@ -168,11 +169,13 @@ def per_engine(model: str | None, dtype: str, configured: str | None, tokens: in
     """For `inv plan` and `inv check`: each engine's sizes against this host's GPUs (nvidia-smi), whether it
     fits, its refusal, and the hours `tokens` take at a measured rate (`measured`: {engine, tokens_per_s}) or
     the stated one; {"error"} when the target's headers cannot be read."""
-    if not model or not (Path(model) / "config.json").is_file():
-        return {"error": f"no config.json under target.model {model!r} on the host", "configured": configured}
+    if not model:
+        return {"error": "target.model is not set", "configured": configured}
     gpu_bytes = nvidia_smi_gpus()
     try:
         sizes = engines(Path(model), dtype, gpu_bytes, host_memory())
+    except ConfigError as exc:  # already the one line naming target.model and the fix
+        return {"error": str(exc), "configured": configured}
     except (StageInputError, KeyError, TypeError, ValueError) as exc:
         return {"error": f"target.model {model!r}: {exc}", "configured": configured}
     for engine, size in sizes.items():

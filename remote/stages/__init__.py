@@ -19,8 +19,10 @@ AERIE_OUTPUT        ``<root>/data/<dataset>/<stage>/``: where the stage writes
 AERIE_DATA          ``<root>/data/<dataset>/``: where upstream stages wrote
 AERIE_PROGRESS      the progress file; use `remote.control_plane.progress.Progress`
 AERIE_CONFIG        JSON: ``{"dataset": {...}, "stage": {...}, "inventory": {...}}``,
-                    the dataset's inventory entry, the stage's settings and the
-                    inventory's shared settings (tokenizer, layers, server ...)
+                    the dataset's inventory entry, the stage's settings (every
+                    one, defaults resolved: extract's ``layers`` among them) and
+                    what every stage shares of the inventory (the target:
+                    ``model``, ``tokenizer``, ``trust_remote_code``)
 ==================  ==========================================================
 
 The exit code and the progress counters decide the job's state: non-zero is

@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 from remote import stages
 from remote.control_plane import inference_server, layout, processes
-from remote.eagle3 import StageInputError
+from remote.eagle3 import StageInputError, model_config
 from remote.eval import prompt_source
 from remote.eval import reports
 from remote.eval.eval_settings import EvalSettings, Server, Setting
@@ -102,15 +102,11 @@ def check_drafts(drafts: dict[str, str], trained: Path) -> None:
 
 def draft_problem(path: Path) -> str | None:
     """What keeps SGLang from loading `path` as a draft, checked here in a second rather than by a server."""
-    if not path.is_dir():
-        return "no such directory"
-    if not (path / "config.json").is_file():
-        return "no config.json"
     try:
-        config = read_json(path / "config.json", None)
-    except (OSError, UnicodeDecodeError) as exc:
-        return f"its config.json cannot be read: {exc}"
-    return None if isinstance(config, dict) else "its config.json is not a JSON object"
+        model_config.read(path, "stages.eval.drafts")
+    except model_config.ConfigError as exc:
+        return exc.problem
+    return None
 
 
 def read_prompts(ctx: StageContext, settings: EvalSettings) -> list[dict[str, Any]]:

@@ -46,7 +46,8 @@ from remote.eagle3 import layer_ids
 from remote.eagle3.prep_input import read_manifest, read_records
 from remote.eagle3.shards import ShardStore
 from remote.eagle3 import target_memory
-from remote.eagle3.target import TargetShape, best_device, read_shape, target_settings
+from remote.eagle3.model_config import ModelConfig
+from remote.eagle3.target import TargetShape, best_device, read_target, shape_of, target_settings
 from remote.control_plane import layout
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote import stages
@@ -55,15 +56,12 @@ from remote.stages import StageContext
 
 @dataclass(frozen=True)
 class ExtractPlan:
-    """Everything checked before the first weight is read."""
+    """Everything checked before the first weight is read; the settings' own values are read from `settings`."""
 
     settings: ExtractSettings
-    layers: list[int]
+    target: ModelConfig  # the target's config.json, read once here and passed down
     architecture: str
-    inputs: list[int]  # the decoder layers whose inputs SGLang captures for `layers`: HF hidden_states indices
-    dtype: str
-    batch_size: int
-    shard_size: int
+    inputs: list[int]  # the decoder layers whose inputs SGLang captures for `settings.layers`: HF hidden_states indices
     shape: TargetShape
     trust_remote_code: bool
     width: int
@@ -76,26 +74,15 @@ def plan(ctx: StageContext) -> ExtractPlan:
     layers = settings.layers
     prep = read_manifest(ctx.inputs("prep")[0])
     path, trust = target_settings(ctx.shared_config)
-    shape = read_shape(path)
-    arch = layer_ids.target_architecture(path)
+    target = read_target(path)
+    shape, arch = shape_of(target), target.architecture
     layer_ids.validate_layers(layers, shape.num_layers, arch)
     draft_path = draft_config.draft_config_path(ctx.stage_config, ctx.shared_config)
     draft = draft_config.load(draft_path) if draft_path else None
     source = f"draft config {draft_path}" if draft_path else "an EAGLE-3 draft (3 x hidden)"
     width = draft_config.check_width(layers, shape.hidden_size, draft, source)
-    return ExtractPlan(
-        settings=settings,
-        layers=layers,
-        architecture=arch,
-        inputs=layer_ids.captured(layers, arch),
-        dtype=settings.dtype,
-        batch_size=settings.batch_size,
-        shard_size=settings.shard_size,
-        shape=shape,
-        trust_remote_code=trust,
-        width=width,
-        prep=prep,
-    )
+    return ExtractPlan(settings=settings, target=target, architecture=arch, inputs=layer_ids.captured(layers, arch),
+                       shape=shape, trust_remote_code=trust, width=width, prep=prep)
 
 
 def run(ctx: StageContext, progress: Progress, model: Any = None) -> dict[str, Any]:
@@ -118,7 +105,7 @@ def run(ctx: StageContext, progress: Progress, model: Any = None) -> dict[str, A
     own = model is None
     if own:
         model = load(checked, None, progress)  # sized before torch is imported: a refusal comes in seconds
-    progress.note(f"extracting layers {checked.layers}: the inputs of decoder layers {checked.inputs} "
+    progress.note(f"extracting layers {checked.settings.layers}: the inputs of decoder layers {checked.inputs} "
                   f"(width {checked.width}, engine {checked.settings.engine})")
     if isinstance(checked.prep.get("kept"), int):
         progress.expect(checked.prep["kept"])  # prep's records: each is extracted or skipped
@@ -191,19 +178,19 @@ def load(checked: ExtractPlan, device: str | None, progress: Progress) -> Any:
 
         return sglang_engine.start(checked, progress)
     gpus = target_memory.nvidia_smi_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
-    sizes = target_memory.require(checked.shape.path, checked.dtype, "hf", gpus, target_memory.host_memory())["hf"]
+    sizes = target_memory.require(checked.shape.path, checked.settings.dtype, "hf", gpus, target_memory.host_memory())["hf"]
     device = device or best_device()
     progress.note(f"loading {checked.shape.path.name} on {device}: {target_memory.decimal(sizes['need_bytes'])} in "
                   f"{sizes['in']}; {target_memory.holds(sizes)}")
-    return load_target(checked.shape.path, checked.dtype, checked.trust_remote_code, device)
+    return load_target(checked.shape.path, checked.settings.dtype, checked.trust_remote_code, device, checked.target)
 
 
 def fill(checked: ExtractPlan, model: Any, prep: Path, store: ShardStore, progress: Progress) -> dict[str, int]:
     """Every incomplete shard of `store` filled by the engine's `model` (what `load` returned)."""
     if checked.settings.engine == "sglang":
         return model.fill(prep, store.root, progress)
-    return extract(decoder_of(model), read_records(prep), store, checked.inputs, checked.shard_size,
-                   checked.batch_size, best_device(), progress)
+    return extract(decoder_of(model), read_records(prep), store, checked.inputs, checked.settings.shard_size,
+                   checked.settings.batch_size, best_device(), progress)
 
 
 def close(model: Any, abort: bool = False) -> None:
@@ -217,13 +204,13 @@ def _fingerprint(checked: ExtractPlan) -> dict[str, Any]:
     return {
         "prep_release": checked.prep.get("release"),
         "prep_kept": checked.prep.get("kept"),
-        "layers": checked.layers,
+        "layers": checked.settings.layers,
         # NOTE: what the ids capture, not only the ids: shards an older aerie stored for the same ids
         # (always HF hidden_states[i + 1]) hold other layers' states for a DeepSeek/Kimi target.
         "hidden_states": checked.inputs,
         "architecture": checked.architecture,
-        "dtype": checked.dtype,
-        "shard_size": checked.shard_size,
+        "dtype": checked.settings.dtype,
+        "shard_size": checked.settings.shard_size,
         "target": str(checked.shape.path),
         "engine": checked.settings.engine,
     }
