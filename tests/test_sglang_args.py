@@ -22,7 +22,7 @@ from local.inventory.stages import default_grid
 from remote.eagle3 import server_check
 from remote.eagle3 import checkpoint, draft_config
 from remote.eagle3.model import Eagle3Draft
-from remote.eagle3.target import read_config
+from remote.eagle3.target import draft_base, read_target
 from remote.eval.eval_settings import BASELINE, EvalSettings, Server, Setting
 from remote.eval.sglang import SPECULATIVE_MAX_RUNNING, batching_warnings, launch_argv, launch_command
 from tests.pipeline_fixtures import kimi_target, tiny_target
@@ -41,7 +41,7 @@ def draft(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def write_draft(target: Path, directory: Path) -> Path:
-    config = draft_config.build(read_config(target), [0, 1, 2], 200)
+    config = draft_config.build(draft_base(read_target(target)), [0, 1, 2], 200)
     torch.manual_seed(0)
     model = Eagle3Draft(config)
     with torch.no_grad():

@@ -52,9 +52,8 @@ def read_target(path: Path) -> ModelConfig:
     return model_config.read(path, TARGET).require(*SHAPE)
 
 
-def read_config(path: Path) -> dict[str, Any]:
+def draft_base(config: ModelConfig) -> dict[str, Any]:
     """The target's (text) config as a dict, with the wrapper's ``tie_word_embeddings``: what a new draft is built from."""
-    config = read_target(path)
     return {**config.text, "tie_word_embeddings": config.tie_word_embeddings}
 
 

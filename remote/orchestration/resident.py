@@ -166,13 +166,14 @@ class Trainer:
     def build(self, inputs: list[Path]) -> None:
         """The draft as `remote.stages.train` builds it; its vocabulary from every record the run trains on."""
         from remote.eagle3.extract_manifest import ExtractManifest
-        from remote.eagle3.target import best_device, read_config, read_shape, target_settings
+        from remote.eagle3.target import best_device, draft_base, read_target, shape_of, target_settings
         from remote.stages import train
 
         self.extracted = ExtractManifest.read_all(inputs)
-        shape = read_shape(target_settings(self.ctx.shared_config)[0])
+        target = read_target(target_settings(self.ctx.shared_config)[0])
+        shape = shape_of(target)
         stage = sub_context(self.ctx, "train", self.settings, self.output, inputs)
-        config = train.draft_for(stage, self.typed, self.extracted, shape.vocab_size, read_config(shape.path))
+        config = train.draft_for(stage, self.typed, self.extracted, shape.vocab_size, draft_base(target))
         self.session.start(config, shape, lambda: trained_token_counts(
             self.trained["preps"], self.trained["heldout"], shape.vocab_size, self.progress.beat), best_device())
         self.output.mkdir(parents=True, exist_ok=True)

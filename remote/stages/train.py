@@ -64,7 +64,7 @@ from remote.eagle3 import StageInputError, distributed, draft_config, heldout, i
 from remote.eagle3.extract_manifest import ExtractManifest
 from remote.eagle3.session import TrainingSession, token_counter
 from remote.eagle3.shards import ShardStore
-from remote.eagle3.target import read_config, read_shape, target_settings
+from remote.eagle3.target import draft_base, read_target, shape_of, target_settings
 from remote.eagle3.train_settings import TrainSettings
 from remote.stages import StageContext
 
@@ -176,13 +176,14 @@ def _aerie_inputs(ctx: StageContext, settings: TrainSettings, extracted: Extract
     when the target changed since extract ran or extract wrote no records."""
     extract_dirs = ctx.inputs("extract")
     path, _ = target_settings(ctx.shared_config)
-    shape = read_shape(path)
+    target = read_target(path)
+    shape = shape_of(target)
     if shape.hidden_size != extracted.hidden_size:
         raise StageInputError(
             f"target.model {path} has hidden size {shape.hidden_size} but the extracted states have {extracted.hidden_size}: "
             "the target changed since extract ran; rerun extract"
         )
-    config = draft_for(ctx, settings, extracted, shape.vocab_size, read_config(path))
+    config = draft_for(ctx, settings, extracted, shape.vocab_size, draft_base(target))
     files = [f for directory in extract_dirs for f in ShardStore(directory).sample_files()]
     if not files:
         raise StageInputError(f"no extracted samples in {', '.join(map(str, extract_dirs))}: extract wrote no records; check its skip reasons")
