@@ -24,6 +24,7 @@ from typing import Any
 from remote.eagle3 import StageInputError
 from remote.eagle3.target import LANGUAGE_PREFIX, quantization_config
 from remote.eagle3.target_tensors import COMPRESSED_NAMES, PACKED, Tensor, read_tensors
+from remote.vocabulary.sizes import decimal
 
 #: Bytes per value of each dtype extract runs in: the target's weights here, the stored states in `remote.sizing`.
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -140,15 +141,6 @@ def holds(size: dict[str, Any]) -> str:
 
 def _gpus(count: int) -> str:
     return "the GPU" if count == 1 else f"the {count} GPUs"
-
-
-def decimal(value: float) -> str:
-    """Bytes in decimal units with three significant figures: 594 GB, 2.05 TB."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if value >= scale:
-            number = value / scale
-            return f"{number:.3g} {unit}" if number < 999.5 else f"{number:,.0f} {unit}"
-    return f"{value:.0f} B"
 
 
 def nvidia_smi_gpus(visible: str | None = None) -> list[int]:

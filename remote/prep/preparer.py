@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from remote.prep.errors import TEACH_A_FAMILY
+from remote.control_plane.hints import TEACH_A_FAMILY
 from remote.prep.load import Malformed
 from remote.prep.normalise import Record, Skip, normalise
 from remote.prep.prompt_turns import ask_points

@@ -49,6 +49,7 @@ from remote.eagle3 import target_memory
 from remote.eagle3.target import TargetShape, best_device, read_shape, target_settings
 from remote.control_plane import layout
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
+from remote.vocabulary.sizes import decimal
 from remote import stages
 from remote.stages import StageContext
 
@@ -193,7 +194,7 @@ def load(checked: ExtractPlan, device: str | None, progress: Progress) -> Any:
     gpus = target_memory.nvidia_smi_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
     sizes = target_memory.require(checked.shape.path, checked.dtype, "hf", gpus, target_memory.host_memory())["hf"]
     device = device or best_device()
-    progress.note(f"loading {checked.shape.path.name} on {device}: {target_memory.decimal(sizes['need_bytes'])} in "
+    progress.note(f"loading {checked.shape.path.name} on {device}: {decimal(sizes['need_bytes'])} in "
                   f"{sizes['in']}; {target_memory.holds(sizes)}")
     return load_target(checked.shape.path, checked.dtype, checked.trust_remote_code, device)
 
