@@ -34,6 +34,7 @@ SGLANG_RESERVED = 10 * 2**30
 #: as such (SGLang's tensor-parallel prefill of a DeepSeek-V3-sized MoE on one 8-GPU node is of the
 #: order of 10^4 tokens/s; docs/hidden-states.md). The HF engine has no such figure.
 STATED_TOKENS_PER_S = {"sglang": 10_000}
+#: Extract's engines (stages.extract.engine), each sized here.
 ENGINES = ("hf", "sglang")
 
 

@@ -7,13 +7,13 @@ prompt is answered, so one dataset never mixes two temperatures (`remote.stages.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from remote.control_plane.release import sha256
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.infer.infer_settings import InferSettings
 
@@ -56,7 +56,7 @@ def read_upstream(ctx: "StageContext") -> Upstream:
             f"no {PROMPTS} in {prep}: prep wrote no prompts for {ctx.dataset} "
             f"(is it kind: prompts in the inventory?); {relaunch}"
         )
-    return Upstream(prompts, str(manifest["release"]), _sha256(prompts))
+    return Upstream(prompts, str(manifest["release"]), sha256(prompts))
 
 
 def open_journal(output: Path, upstream: Upstream, settings: InferSettings, progress: Progress) -> bool:
@@ -93,14 +93,6 @@ def _finished_for(output: Path, upstream: Upstream, settings: InferSettings) -> 
 
 def _has_answers(output: Path) -> bool:
     return any((output / name).exists() and (output / name).stat().st_size > 0 for name in (PART, OUTPUT))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _changed_settings(before: dict[str, Any], now: dict[str, Any], output: Path) -> str:
@@ -141,9 +133,3 @@ def _prompt(line: str) -> dict[str, Any] | None:
         return None
     tools = record.get("tools")
     return {"id": str(record["id"]), "conversations": turns, **({"tools": tools} if isinstance(tools, list) and tools else {})}
-
-
-def count_lines(path: Path) -> int:
-    """Non-empty lines: one per prompt, each later answered, refused or skipped."""
-    with open(path, "rb") as file:
-        return sum(1 for line in file if line.strip())

@@ -51,7 +51,7 @@ from remote.infer.autotune import Autotuner, Fixed
 from remote.infer.client import ChatClient, Result
 from remote.infer.conversation import Regenerated, regenerate
 from remote.infer.infer_files import (  # noqa: F401 (PROMPTS, STATE: the stage's files, named here too)
-    MANIFEST, OUTPUT, PART, PROMPTS, SKIPPED, STATE, InferError, Upstream, count_lines, open_journal, read_prompts,
+    MANIFEST, OUTPUT, PART, PROMPTS, SKIPPED, STATE, InferError, Upstream, open_journal, read_prompts,
     read_upstream,
 )
 from remote.infer.journal import Journal
@@ -331,7 +331,7 @@ def run_stage(ctx: StageContext, progress: Progress) -> None:
     check_reachable(settings)
     ctx.output.mkdir(parents=True, exist_ok=True)
     finished = open_journal(ctx.output, upstream, settings, progress)
-    progress.expect(count_lines(upstream.prompts))
+    progress.expect(stages.count_lines(upstream.prompts))
     run = InferRun(ctx.output, settings, progress, finished)
     try:
         before = run.resume()
