@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from remote.control_plane.release import sha256
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
+from remote.control_plane.scratch import temporary_name
 from remote.infer.infer_settings import InferSettings
 
 if TYPE_CHECKING:
@@ -133,3 +135,26 @@ def _prompt(line: str) -> dict[str, Any] | None:
         return None
     tools = record.get("tools")
     return {"id": str(record["id"]), "conversations": turns, **({"tools": tools} if isinstance(tools, list) and tools else {})}
+
+
+def finish(output: Path, kept_earlier: bool, manifest: dict[str, Any]) -> None:
+    """Rename the journal into the finished file (after an earlier run's answers kept in place, when
+    `kept_earlier`) and write `manifest` last: a manifest beside the file says it is whole."""
+    (output / PART).touch()
+    if kept_earlier and (output / PART).stat().st_size:
+        whole = output / temporary_name(OUTPUT)
+        with open(whole, "wb") as target:
+            for name in (OUTPUT, PART):
+                with open(output / name, "rb") as source:
+                    shutil.copyfileobj(source, target, 1 << 20)
+            target.flush()
+            os.fsync(target.fileno())
+        (output / MANIFEST).unlink()  # from here the finished file is this run's
+        os.replace(whole, output / OUTPUT)
+        (output / PART).unlink()
+    elif kept_earlier:
+        (output / PART).unlink()  # nothing new: the kept file is the whole answer
+    else:
+        (output / MANIFEST).unlink(missing_ok=True)  # an earlier run's, of other prompts
+        os.replace(output / PART, output / OUTPUT)
+    write_json_atomic(output / MANIFEST, manifest)
