@@ -162,8 +162,8 @@ def exit_without_collecting() -> None:
     """Let the process end without Python's last garbage collections.
 
     At exit the interpreter collects garbage several times over, each time walking every
-    object the imports made (Invoke, rich, paramiko: about 27,000). That is about 80 ms,
-    a sixth of an `inv status`. Frozen objects are not walked. Frozen cyclic garbage is
+    object the imports made (Invoke, rich, paramiko): a share of every short command large
+    enough to feel (docs/benchmarks.md, "Exit"). Frozen objects are not walked. Frozen cyclic garbage is
     then left for the OS to reclaim with the process. Nothing of aerie's waits on a
     collector: files are closed by `with`, connections by `local.transport.shared` at exit,
     and the standard streams are flushed by the interpreter itself. The exit code is

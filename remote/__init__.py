@@ -8,6 +8,6 @@ import `datasets`, `transformers` and `torch`, which the host provides.
 Every `inv status` or `inv launch` starts Python here, so what those verbs
 import is what they wait for. Their modules import `typing` only for type
 checkers: ``TYPE_CHECKING = False`` then ``if TYPE_CHECKING:`` (type checkers
-read the name as `typing.TYPE_CHECKING`), because importing `typing` takes
-5-10% of the host's share of an `inv status` (4-8 ms here).
+read the name as `typing.TYPE_CHECKING`), because importing `typing` is a
+measurable share of the host's part of an `inv status` (docs/benchmarks.md).
 """

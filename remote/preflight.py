@@ -17,6 +17,7 @@ from remote import sizing
 from remote.control_plane import hints, inference_server, layout
 from remote.eagle3 import server_check, target_memory
 from remote.eagle3.model_config import ConfigError
+from remote.vocabulary.sizes import decimal
 
 # NOTE: tiktoken is what Kimi-K2.5's own tokenizer (trust_remote_code) is built on.
 PACKAGES = ("datasets", "transformers", "tokenizers", "tiktoken", "torch", "pyarrow", "safetensors", "xxhash")
@@ -79,9 +80,9 @@ def extract_engines(model: str | None, dtype: str, configured: str | None) -> li
         return [check("extract engines", False, f"not sized: {sized['error']}", True)]
     results = []
     for name, size in sized["engines"].items():
-        need = (f"{target_memory.decimal(size['per_gpu_need_bytes'])} on each GPU ({target_memory.decimal(size['stored_bytes'])} "
-                "as stored)" if name == "sglang" else f"{target_memory.decimal(size['need_bytes'])} in {size['in']}")
-        detail = size["refusal"] or f"needs {need}; {size['holds']}: {target_memory.decimal(size['capacity_bytes'])}"
+        need = (f"{decimal(size['per_gpu_need_bytes'])} on each GPU ({decimal(size['stored_bytes'])} "
+                "as stored)" if name == "sglang" else f"{decimal(size['need_bytes'])} in {size['in']}")
+        detail = size["refusal"] or f"needs {need}; {size['holds']}: {decimal(size['capacity_bytes'])}"
         label = f"extract engine {name}" + (" (configured)" if name == configured else "")
         # NOTE: sglang unsized for want of nvidia-smi only warns: its CPU stand-in (the tests') runs there
         results.append(check(label, size["fits"], detail, warn_only=name != configured or not sized["gpus"] and name == "sglang"))

@@ -1,5 +1,5 @@
 """What is knowable before a run, from the inventory and the host's files: `inv check`'s rows, and what
-`inv plan` and `inv run` refuse before any job starts (the mistakes that used to fail an hour in).
+`inv plan` and `inv run` refuse before any job starts (so that a mistake fails in seconds, not an hour into a run).
 
 - the target (`target.model`) is a model directory on the host, and its tokenizer (`target.tokenizer`,
   else the model's) a directory there or in the host's Hugging Face cache;

@@ -10,8 +10,8 @@ bfloat16), so 88,000 records of 2-4k tokens are 10-20 TB. The routes:
 - ``online``: SpecForge trains with the target running alongside; nothing on disk.
 
 Per extract engine, `extract_engines` says what the target needs in memory there against this host's
-GPUs (`remote.eagle3.target_memory`, from the checkpoint's headers), and `engine_refusal` stops `inv
-run` when the configured engine cannot hold it.
+GPUs (`remote.eagle3.target_memory`, from the checkpoint's headers), and `remote.vocabulary.plan_texts`
+says when the configured engine cannot hold it (`inv run` refuses then).
 
 Per route, `costs` says what it asks of the target -- its loads and the
 tokens its forward passes read (tokens x passes) -- and the hours that takes
@@ -202,17 +202,6 @@ def extract_engines(root: Path, args: dict[str, Any], tokens: int) -> dict[str, 
                                     {"engine": engine, "tokens_per_s": rate})
 
 
-def engine_refusal(result: dict[str, Any]) -> str | None:
-    """Why the configured extract engine cannot hold the target on this host (one line), or None."""
-    engines = result.get("extract_engines") or {}
-    configured = (engines.get("engines") or {}).get(engines.get("configured"))
-    route = result["configured_route"] if result.get("configured_route") != "auto" else result.get("route")
-    if not configured or route == "online":  # the online route extracts nothing
-        return None
-    # NOTE: without nvidia-smi the sglang engine is not sized: its CPU stand-in (the tests') runs there
-    return configured["refusal"] if engines["configured"] == "hf" or engines.get("gpus") else None
-
-
 def costs(result: dict[str, Any], args: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per route: how often the target is loaded, the tokens its forward passes read (tokens x passes),
     the tokens trained on, and the hours those take at the throughput a previous run measured (else None)."""
@@ -271,29 +260,3 @@ def read_manifest(path: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError):
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def refusal(result: dict[str, Any]) -> str | None:
-    """Why the configured route cannot run (naming the numbers and the route that would), or None."""
-    wanted, fits, engine = result["configured_route"], result["route"], result["engine"]
-    if fits is None:
-        return None  # nothing known yet to refuse on
-    order = {"offline": 0, "chunked": 1, "online": 2}
-    chosen = fits if wanted == "auto" else wanted
-    numbers = (f"the states take {size_text(result['stored_bytes'])} ({result['tokens']:,} tokens × {result['bytes_per_token']:,} B) "
-               f"and the budget is {size_text(result['usable_bytes'])} (free {size_text(result['free_bytes'])}, "
-               f"disk_budget {size_text(result['disk_budget']) if result['disk_budget'] else 'unset'})")
-    if chosen == "online" and engine != "specforge":
-        return f"nothing fits on disk: {numbers}; the online route needs stages.train.engine specforge"
-    if order[chosen] < order[fits]:
-        would = fits + (f" ({result['chunks']} chunks)" if fits == "chunked" else "")
-        return f"route {chosen} does not fit: {numbers}; the route that fits is {would} (stages.extract.route)"
-    return None
-
-
-def size_text(value: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
-        value /= 1024
-    return str(value)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from remote.orchestration import chunked
+from remote.orchestration import chunk_plan, chunked
 from remote.eagle3 import StageInputError
 from benchmarks.harness.stage_settings import complete
 from tests.test_reporting import read_events
@@ -332,12 +332,12 @@ def test_the_held_out_records_are_the_offline_route_s_and_keep_to_a_quarter_of_t
         return chunked.Chunked(ctx, Progress()).plan()
 
     roomy = plan(sum(sizes), 0.1)
-    offline = [chunked.offline_path("A1", i, EXTRACT["shard_size"]) for i in range(40)]
+    offline = [chunk_plan.offline_path("A1", i, EXTRACT["shard_size"]) for i in range(40)]
     expected = sorted(int(p.name[5:14]) for p in heldout.split(offline, None, 0.1)[1])
     assert roomy["heldout"] == {"A1": expected} and expected
     tight = plan(sum(sizes) // 3, 0.5)  # half the records asked for; a quarter of the budget holds fewer
     held = tight["heldout"]["A1"]
-    assert 0 < len(held) < 20 and sum(sizes[i] for i in held) <= sum(sizes) // 3 * chunked.HELDOUT_SHARE
+    assert 0 < len(held) < 20 and sum(sizes[i] for i in held) <= sum(sizes) // 3 * chunk_plan.HELDOUT_SHARE
     room = sum(sizes) // 3 - chunked.reserved(2) - sum(sizes[i] for i in held)
     trained = [i for c in tight["chunks"] for i in c["A1"]]
     assert sorted(trained + held) == list(range(40))  # every record trained on or held out, none twice

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from remote import sizing
+from remote.vocabulary import plan_texts
 from remote.eagle3 import StageInputError, target_memory
 from tests.kimi_headers import TEXT_CONFIG, build_kimi_k25_headers
 from tests.pipeline_fixtures import make_records, run_stage, stage_env, write_prep
@@ -115,8 +116,8 @@ def test_the_plan_on_eight_h200_says_which_engine_fits_and_which_does_not(kimi_k
     engines = result["extract_engines"]
     assert engines["gpus"] == [H200_MIB * 2**20] * 8
     assert not engines["engines"]["hf"]["fits"] and engines["engines"]["sglang"]["fits"]
-    assert sizing.engine_refusal(result).endswith("the 8 GPUs hold 1.21 TB: use stages.extract.engine: sglang")
-    assert sizing.engine_refusal({**result, "extract_engines": {**engines, "configured": "sglang"}}) is None
+    assert plan_texts.engine_refusal(result).endswith("the 8 GPUs hold 1.21 TB: use stages.extract.engine: sglang")
+    assert plan_texts.engine_refusal({**result, "extract_engines": {**engines, "configured": "sglang"}}) is None
     assert engines["engines"]["sglang"]["rate_basis"] == "stated (estimate)"
 
 

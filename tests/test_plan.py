@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from remote import sizing
+from remote.vocabulary import plan_texts
 from benchmarks.harness.checkout import SAMPLES, Bench, copy_checkout
 
 KIMI_TEXT = {"hidden_size": 7168, "num_hidden_layers": 61, "vocab_size": 163840}
@@ -71,14 +72,14 @@ def test_a_route_that_cannot_fit_is_refused_naming_the_numbers_and_the_route_tha
     prep_manifest(tmp_path, "A1", 1000, 3_000_000)
 
     offline = sizing.plan(request(tmp_path, model, [{"dataset": "A1"}], disk_budget="40G", route="offline"))
-    why = sizing.refusal(offline)
+    why = plan_texts.refusal(offline)
     assert why is not None and "route offline does not fit" in why
     assert "3,000,000 tokens × 57,344 B" in why and "40.0 GiB" in why and f"the route that fits is chunked ({offline['chunks']} chunks)" in why
     # auto takes what fits; chunked when offline would fit is fine (it fits too)
-    assert sizing.refusal({**offline, "configured_route": "auto"}) is None
+    assert plan_texts.refusal({**offline, "configured_route": "auto"}) is None
     online = sizing.plan(request(tmp_path, model, [{"dataset": "A1"}], disk_budget="100M"))
-    assert "online route needs stages.train.engine specforge" in sizing.refusal(online)
-    assert sizing.refusal({**online, "engine": "specforge"}) is None
+    assert "online route needs stages.train.engine specforge" in plan_texts.refusal(online)
+    assert plan_texts.refusal({**online, "engine": "specforge"}) is None
 
 
 def test_before_prep_the_sample_statistics_are_scaled_by_the_source_s_rows(tmp_path: Path) -> None:

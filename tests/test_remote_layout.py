@@ -5,7 +5,7 @@
 - The pseudo jobs of `inv run` (``pipeline/run``, ``draft/...``) are named once, in
   `remote.control_plane.states`: nowhere else, on either side, is ``"pipeline"`` spelled, nor
   ``"draft"`` or ``"run"`` used as a job's dataset or stage.
-- The control plane imports nothing of `remote` outside itself, so that it runs under ``python -S``
+- The control plane imports nothing of `remote` outside itself and the shared vocabulary (`remote.vocabulary`), so that it runs under ``python -S``
   on a host where nothing is installed.
 """
 
@@ -188,12 +188,12 @@ def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
     return [f"{node.module}.{alias.name}" for alias in node.names] if node.module == "remote" else [node.module]
 
 
-def test_the_control_plane_imports_nothing_of_remote_outside_itself() -> None:
+def test_the_control_plane_imports_nothing_of_remote_outside_itself_and_the_shared_vocabulary() -> None:
     outside = set()
-    for path in sorted((REPO / "remote" / "control_plane").glob("*.py")):
+    for path in sorted((REPO / "remote" / "control_plane").glob("*.py")) + sorted((REPO / "remote" / "vocabulary").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for name in _imported(node):
-                    if name.split(".")[0] == "remote" and not name.startswith("remote.control_plane"):
+                    if name.split(".")[0] == "remote" and not name.startswith(("remote.control_plane", "remote.vocabulary")):
                         outside.add((str(path.relative_to(REPO)), name))
     assert outside == set()

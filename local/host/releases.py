@@ -21,7 +21,7 @@ from typing import Any
 from local.exceptions import AerieError
 from local.host.verbs import RemoteHost
 from local.paths import REPO
-from remote.control_plane.release import MANIFEST
+from remote.control_plane import layout
 from remote.control_plane.wire import CLOSE, OPEN, decode
 
 #: What a release holds: the host-side code and the sample data the `local` inventory reads.
@@ -96,7 +96,7 @@ def current_release(host: RemoteHost) -> dict[str, Any]:
     a deploy in flight to end rather than report the release that deploy is replacing. Where
     the host has no `flock` (util-linux), or the wait runs out, the manifest is read as it is.
     """
-    path = shlex.quote(f"{host.root}/current/{MANIFEST}")
+    path = shlex.quote(f"{host.root}/current/{layout.RELEASE_MANIFEST}")
     lock = shlex.quote(f"{host.root}/.deploy.lock")
     empty = shlex.quote(json.dumps({"id": None, "files": {}}))
     result = host.transport.run(f"printf %s {shlex.quote(OPEN)}; flock -s -w {LOCK_WAIT_S} {lock} cat {path} 2>/dev/null "

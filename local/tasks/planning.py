@@ -19,7 +19,7 @@ from local.host.verbs import RemoteHost
 from local.views import plan_tables
 from local.visible import visible_all
 from local.inventory.values import Inventory
-from remote.sizing import engine_refusal, refusal
+from remote.vocabulary.plan_texts import engine_refusal, refusal
 
 if TYPE_CHECKING:
     from rich.console import Console

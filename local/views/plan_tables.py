@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from remote.eagle3.target_memory import decimal
-from remote.sizing import engine_refusal, refusal, size_text
+from remote.vocabulary.plan_texts import engine_refusal, refusal
+from remote.vocabulary.sizes import binary, decimal
 
 
 def show(result: dict[str, Any], console: Console, title: str) -> None:
@@ -24,9 +24,9 @@ def show(result: dict[str, Any], console: Console, title: str) -> None:
     console.print(table)
     if result.get("bytes_per_token"):
         console.print(f"hidden states: {result['bytes_per_token']:,} B/token ((len(layers {result['layers']}) + 1) × hidden "
-                      f"{result['hidden_size']:,} × {result['dtype']}) → offline {size_text(result['offline_bytes'])}")
-    budget = size_text(result["disk_budget"]) if result["disk_budget"] else "unset (the free space)"
-    console.print(f"disk: {size_text(result['free_bytes'])} free, stages.extract.disk_budget {budget}")
+                      f"{result['hidden_size']:,} × {result['dtype']}) → offline {binary(result['offline_bytes'])}")
+    budget = binary(result["disk_budget"]) if result["disk_budget"] else "unset (the free space)"
+    console.print(f"disk: {binary(result['free_bytes'])} free, stages.extract.disk_budget {budget}")
     if result["route"]:
         chunks = f" in about {result['chunks']} chunks" if result["route"] == "chunked" else ""
         console.print(f"route that fits: [bold]{result['route']}[/]{chunks} (configured: {result['configured_route']})")

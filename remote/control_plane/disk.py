@@ -11,21 +11,14 @@ import os
 import shutil
 from pathlib import Path
 
+from remote.vocabulary.sizes import binary
+
 #: The errors that mean "no room": the disk, or the user's quota on it.
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 
 def is_no_room(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in NO_ROOM
-
-
-def size(n: float) -> str:
-    """Bytes for a reader: 0 B, 512 KiB, 3.2 GiB."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def mount_of(path: Path) -> Path:
@@ -45,7 +38,7 @@ def room(path: Path) -> str:
         usage = shutil.disk_usage(where)
     except OSError:
         return f"the space left on {where} is unknown"
-    return f"{size(usage.free)} left of {size(usage.total)} on {where}"
+    return f"{binary(usage.free)} left of {binary(usage.total)} on {where}"
 
 
 def failed_write(who: str, exc: OSError, fallback: Path | None = None) -> str:

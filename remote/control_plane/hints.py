@@ -12,6 +12,9 @@ from __future__ import annotations
 #: The stages only a pipeline's runner starts (`inv launch --stage` takes the others): tokenize is
 #: prep over infer's answers, chunked is extract and train in turns.
 PIPELINE_ONLY = ("tokenize", "chunked")
+#: Where every refusal of a dataset that gives zero records ends (prep's, and `inv validate`'s): how to
+#: teach prep a format it does not read.
+TEACH_A_FAMILY = 'README, "Teaching prep a new family", shows how to add a format prep does not read'
 
 
 def words(task: str, *args: str, **flags: str | bool | None) -> str:

@@ -279,3 +279,13 @@ def stop(root: Path, dataset: str, stage: str) -> dict[str, Any]:
                          message="stopped by inv stop")
             store.write_state(directory, state)
     return {**result, "stopped": True}
+
+
+def selected(root: Path, datasets: list[str] | None, stages: list[str] | None) -> list[Path]:
+    """The job directories of `datasets` and `stages` (all of either where none is named)."""
+    return [d for d in all_job_dirs(root)
+            if (not datasets or d.parent.name in datasets) and (not stages or d.name in stages)]
+
+
+def state_now(directory: Path) -> JobState:
+    return JobState(describe(directory, time.time())["state"])

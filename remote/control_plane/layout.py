@@ -32,6 +32,9 @@ SCRIPT = "job.sh"
 #: An inference server's record and log: in the runner's dataset directory (the pipeline's one server),
 #: or in an infer job's own directory (the server it starts inside its Slurm allocation).
 SERVER_RECORD, SERVER_LOG = "server.json", "server.log"
+#: What a release holds about itself, in its own root (written by release.py, which is sent as source
+#: and so spells it itself: tests/test_layout.py holds the two spellings equal).
+RELEASE_MANIFEST = ".aerie-release.json"
 
 
 def job_key(dataset: str, stage: str) -> str:

@@ -42,6 +42,7 @@ def current_manifest(root):
 
 
 def sha256(path):
+    """The file's SHA-256 in hex, read a block at a time (the one such digest of a file on the host)."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):

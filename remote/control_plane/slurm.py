@@ -99,6 +99,17 @@ def job_state(slurm_state: str) -> JobState:
     return STATE_MAP.get(_base_state(slurm_state), JobState.STALLED)
 
 
+def _check_submission(script_path: Path, job_name: str, dependency: Sequence[str]) -> None:
+    """The arguments checked first, each refusal naming the bad value."""
+    if not job_name or any(ch.isspace() for ch in job_name):
+        raise SlurmError(f"Job name must be one word, not {job_name!r}")
+    if not script_path.is_file():
+        raise SlurmError(f"Batch script {script_path} does not exist")
+    for job_id in dependency:
+        if not _is_job_id(job_id):
+            raise SlurmError(f"Dependency {job_id!r} is not a Slurm job id")
+
+
 def submit(
     script_path: Path,
     *,
@@ -124,13 +135,7 @@ def submit(
     given last so that they win.
     """
     script_path = Path(script_path)
-    if not job_name or any(ch.isspace() for ch in job_name):
-        raise SlurmError(f"Job name must be one word, not {job_name!r}")
-    if not script_path.is_file():
-        raise SlurmError(f"Batch script {script_path} does not exist")
-    for job_id in dependency:
-        if not _is_job_id(job_id):
-            raise SlurmError(f"Dependency {job_id!r} is not a Slurm job id")
+    _check_submission(script_path, job_name, dependency)
     argv = ["sbatch", "--parsable", f"--job-name={job_name}", f"--output={output}", "--export=ALL"]
     for flag, value in (
         ("--partition", partition), ("--gpus", gpus), ("--cpus-per-task", cpus), ("--mem", mem),

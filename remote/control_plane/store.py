@@ -115,7 +115,7 @@ class JobStore:
 
                 shutil.rmtree(directory / name)
         # NOTE: a relaunch of the same spec leaves the file as it is: replacing a file is a journal
-        # write (0.1-0.5 ms on ext4), about a fifth of recording a job's launch.
+        # write, a large share of recording a job's launch (docs/benchmarks.md).
         if read_mapping(directory / SPEC) != spec:  # absent, torn or foreign: {}, never a spec
             write_json_atomic(directory / SPEC, spec)
         (directory / PROGRESS).unlink(missing_ok=True)

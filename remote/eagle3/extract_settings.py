@@ -12,9 +12,8 @@ from typing import Any
 
 from remote.eagle3 import StageInputError
 from remote.eagle3.extractor import DTYPES
+from remote.eagle3.target_memory import ENGINES
 from remote.settings import typed
-
-ENGINES = ("hf", "sglang")
 
 
 @dataclass(frozen=True)

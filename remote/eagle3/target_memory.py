@@ -25,6 +25,7 @@ from remote.eagle3 import StageInputError
 from remote.eagle3.model_config import ConfigError
 from remote.eagle3.target import LANGUAGE_PREFIX, quantization_config
 from remote.eagle3.target_tensors import COMPRESSED_NAMES, PACKED, Tensor, read_tensors
+from remote.vocabulary.sizes import decimal
 
 #: Bytes per value of each dtype extract runs in: the target's weights here, the stored states in `remote.sizing`.
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -34,6 +35,7 @@ SGLANG_RESERVED = 10 * 2**30
 #: as such (SGLang's tensor-parallel prefill of a DeepSeek-V3-sized MoE on one 8-GPU node is of the
 #: order of 10^4 tokens/s; docs/hidden-states.md). The HF engine has no such figure.
 STATED_TOKENS_PER_S = {"sglang": 10_000}
+#: Extract's engines (stages.extract.engine), each sized here.
 ENGINES = ("hf", "sglang")
 
 
@@ -141,15 +143,6 @@ def holds(size: dict[str, Any]) -> str:
 
 def _gpus(count: int) -> str:
     return "the GPU" if count == 1 else f"the {count} GPUs"
-
-
-def decimal(value: float) -> str:
-    """Bytes in decimal units with three significant figures: 594 GB, 2.05 TB."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if value >= scale:
-            number = value / scale
-            return f"{number:.3g} {unit}" if number < 999.5 else f"{number:,.0f} {unit}"
-    return f"{value:.0f} B"
 
 
 def nvidia_smi_gpus(visible: str | None = None) -> list[int]:

@@ -15,10 +15,13 @@ import random
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from remote.infer.infer_files import InferError
 from remote.infer.infer_settings import InferSettings
 
 #: HTTP statuses worth another attempt: the server is busy, restarting or overloaded.
@@ -270,3 +273,22 @@ def _retry_after(headers: Any) -> float | None:
         return float(headers.get("Retry-After"))
     except (TypeError, ValueError):
         return None
+
+
+def check_reachable(settings: InferSettings) -> None:
+    """Fail at once, in one line, when nothing answers at the server's address.
+
+    NOTE: any HTTP answer will do (even a 404): the point is to tell "no server"
+    from "a server that fails some requests", which the retries handle.
+    """
+    url = settings.server_url.rstrip("/") + "/models"
+    try:
+        urllib.request.urlopen(url, timeout=min(settings.timeout, 30)).close()
+    except urllib.error.HTTPError:
+        return
+    except OSError as exc:
+        reason = getattr(exc, "reason", exc)
+        raise InferError(
+            f"no inference server answers at {settings.server_url} ({reason}): start it, "
+            "or fix stages.infer.server_url in the inventory"
+        ) from None

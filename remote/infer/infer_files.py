@@ -7,14 +7,16 @@ prompt is answered, so one dataset never mixes two temperatures (`remote.stages.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from remote.control_plane.release import sha256
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
+from remote.control_plane.scratch import temporary_name
 from remote.infer.infer_settings import InferSettings
 
 if TYPE_CHECKING:
@@ -56,7 +58,7 @@ def read_upstream(ctx: "StageContext") -> Upstream:
             f"no {PROMPTS} in {prep}: prep wrote no prompts for {ctx.dataset} "
             f"(is it kind: prompts in the inventory?); {relaunch}"
         )
-    return Upstream(prompts, str(manifest["release"]), _sha256(prompts))
+    return Upstream(prompts, str(manifest["release"]), sha256(prompts))
 
 
 def open_journal(output: Path, upstream: Upstream, settings: InferSettings, progress: Progress) -> bool:
@@ -93,14 +95,6 @@ def _finished_for(output: Path, upstream: Upstream, settings: InferSettings) -> 
 
 def _has_answers(output: Path) -> bool:
     return any((output / name).exists() and (output / name).stat().st_size > 0 for name in (PART, OUTPUT))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _changed_settings(before: dict[str, Any], now: dict[str, Any], output: Path) -> str:
@@ -143,7 +137,24 @@ def _prompt(line: str) -> dict[str, Any] | None:
     return {"id": str(record["id"]), "conversations": turns, **({"tools": tools} if isinstance(tools, list) and tools else {})}
 
 
-def count_lines(path: Path) -> int:
-    """Non-empty lines: one per prompt, each later answered, refused or skipped."""
-    with open(path, "rb") as file:
-        return sum(1 for line in file if line.strip())
+def finish(output: Path, kept_earlier: bool, manifest: dict[str, Any]) -> None:
+    """Rename the journal into the finished file (after an earlier run's answers kept in place, when
+    `kept_earlier`) and write `manifest` last: a manifest beside the file says it is whole."""
+    (output / PART).touch()
+    if kept_earlier and (output / PART).stat().st_size:
+        whole = output / temporary_name(OUTPUT)
+        with open(whole, "wb") as target:
+            for name in (OUTPUT, PART):
+                with open(output / name, "rb") as source:
+                    shutil.copyfileobj(source, target, 1 << 20)
+            target.flush()
+            os.fsync(target.fileno())
+        (output / MANIFEST).unlink()  # from here the finished file is this run's
+        os.replace(whole, output / OUTPUT)
+        (output / PART).unlink()
+    elif kept_earlier:
+        (output / PART).unlink()  # nothing new: the kept file is the whole answer
+    else:
+        (output / MANIFEST).unlink(missing_ok=True)  # an earlier run's, of other prompts
+        os.replace(output / PART, output / OUTPUT)
+    write_json_atomic(output / MANIFEST, manifest)

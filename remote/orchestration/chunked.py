@@ -56,90 +56,16 @@ from remote.control_plane import layout
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.control_plane.stage_contract import DEFAULT_COMMANDS, stage_command, stage_variables
 from remote.control_plane.states import DRAFT
+from remote.orchestration.chunk_plan import (
+    SEED, captured, copy_records, cut, epochs_per_pass, group, held_out, pass_order, record_size, reserved, state_bytes,
+    steps_before, steps_in, token_counts,
+)
 from remote.stages import StageContext
 
-#: The copied ids (int32) and mask (int8) of a chunk's prep subset, per token, rounded up.
-PREP_BYTES_PER_TOKEN = 8
-#: A record's share of its shard's directory and meta.json (a 4 KiB block each), at worst one shard a record.
-SHARD_BYTES = 8192
-#: A chunk's small files and directories, each a 4 KiB block: per part (prep, extract, plan, manifests)
-#: and the chunk's own (its directory, the run's state and progress files).
-DATASET_BYTES = 64 * 1024
-CHUNK_BYTES = 32 * 1024
-#: The most of the budget the held-out records' states may keep; lower-ranked ones beyond it are trained on.
-HELDOUT_SHARE = 0.25
-#: Seeds the chunks' records and each pass's order of chunks.
-SEED = 0
+#: Where a run stands before it starts, and what it has measured.
 START = {"pass": 0, "chunk": 0, "phase": "extract"}
 TIMING = {"extract_seconds": 0.0, "extracted_records": 0, "extracted_tokens": 0, "train_seconds": 0.0,
           "trained_steps": 0, "trained_tokens": 0, "target_loads": 0}
-
-
-def record_size(tokens: int, per_token: int) -> int:
-    """Disk one record takes in a chunk: its states file, its copied ids, its share of the shard."""
-    return sizing.record_bytes(tokens, per_token) + tokens * PREP_BYTES_PER_TOKEN + SHARD_BYTES
-
-
-def reserved(parts: int) -> int:
-    """Disk the run's directories take besides their records (`parts`: the chunk's, and the held-out one's if any)."""
-    return CHUNK_BYTES + DATASET_BYTES * parts
-
-
-def token_counts(prep_dir: Path) -> list[int]:
-    """Each record's token count, in prep's order (the order extract reads)."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    from remote.eagle3.prep_input import shard_files
-
-    counts: list[int] = []
-    for file in shard_files(prep_dir):
-        counts += pc.list_value_length(pq.read_table(file, columns=["input_ids"])["input_ids"]).to_pylist()
-    return counts
-
-
-def cut(sizes: list[int], budget: int) -> list[tuple[int, int]]:
-    """Contiguous [start, end) ranges whose sizes sum to at most `budget`, greedily."""
-    ranges, start, used = [], 0, 0
-    for index, size in enumerate(sizes):
-        if size > budget:
-            raise StageInputError(f"record {index} alone needs {size:,} B on disk, more than the {budget:,} B of "
-                                  "stages.extract.disk_budget left for a chunk: raise the budget or use the online route")
-        if used + size > budget:
-            ranges.append((start, index))
-            start, used = index, 0
-        used += size
-    if start < len(sizes):
-        ranges.append((start, len(sizes)))
-    return ranges
-
-
-def offline_path(dataset: str, index: int, shard_size: int) -> Path:
-    """Where the offline route's extract would store the record (the held-out rule hashes this path)."""
-    from remote.eagle3.shards import sample_name, shard_name
-
-    return layout.output_dir(Path(), dataset, "extract") / shard_name(index // shard_size) / sample_name(index)
-
-
-def epochs_per_pass(epochs: int, passes: int) -> list[int]:
-    """How many epochs each pass trains on a chunk while it is on disk: `epochs` spread over `passes`."""
-    return [epochs // passes + (1 if p < epochs % passes else 0) for p in range(passes)]
-
-
-def pass_order(chunks: int, index: int) -> list[int]:
-    """The order of the chunks in pass `index`: as planned first, then shuffled anew each pass."""
-    order = list(range(chunks))
-    if index:
-        random.Random(SEED + index).shuffle(order)
-    return order
-
-
-def group(records: list[tuple[str, int, int]]) -> dict[str, list[int]]:
-    """{dataset: record indices in prep's order} of (dataset, index, tokens) records."""
-    parts: dict[str, list[int]] = {}
-    for name, index, _ in records:
-        parts.setdefault(name, []).append(index)
-    return {name: sorted(indices) for name, indices in parts.items()}
 
 
 class Chunked:
@@ -180,22 +106,16 @@ class Chunked:
         """``stages.extract``, typed where the plan first needs it: the pass count is checked before."""
         return ExtractSettings.from_config(self.extract)
 
-    def per_token(self) -> int:
-        settings = self.extract_settings
-        hidden = sizing.hidden_size((self.ctx.shared_config.get("target") or {}).get("model"))
-        if not hidden:
-            raise StageInputError("target.model has no readable config.json with hidden_size on the host")
-        return sizing.bytes_per_token(settings.layers, hidden, settings.dtype)
-
     def plan(self) -> dict[str, Any]:
         """{heldout, chunks: [{dataset: [indices]}], records, tokens}; made once and kept (chunks.json)."""
         fingerprint = self.fingerprint()
         saved = read_json(self.out / "chunks.json")
         if saved and saved.get("fingerprint") == fingerprint:
             return saved
-        per_token = self.per_token()
+        per_token = state_bytes(self.ctx.shared_config, self.extract_settings)
         records = [(name, i, n) for name, prep in self.preps.items() for i, n in enumerate(token_counts(prep))]
-        held = self.heldout(records, per_token)
+        held = (held_out(records, per_token, self.budget, self.extract_settings.shard_size, self.train_settings,
+                         self.progress) if self.resident_train else set())  # a train command measures nothing here
         trained = [r for r in records if (r[0], r[1]) not in held]
         random.Random(SEED).shuffle(trained)  # every chunk a sample of every dataset
         room = self.budget - reserved(1 + bool(held)) - sum(record_size(n, per_token) for name, i, n in records if (name, i) in held)
@@ -214,25 +134,6 @@ class Chunked:
         write_json_atomic(self.out / "chunks.json", result)
         return result
 
-    def heldout(self, records: list[tuple[str, int, int]], per_token: int) -> set[tuple[str, int]]:
-        """The records train would hold out, by their offline paths, as many as fit `HELDOUT_SHARE` of the budget."""
-        if not self.resident_train:
-            return set()  # a train command measures nothing here: every record is trained on
-        from remote.eagle3 import heldout
-
-        shard_size = self.extract_settings.shard_size
-        paths = {offline_path(name, i, shard_size): (name, i, n) for name, i, n in records}
-        _, held = heldout.split(list(paths), self.train_settings.eval_records, self.train_settings.eval_fraction)
-        kept, used = set(), 0
-        for path in sorted(held, key=heldout._rank):
-            name, i, n = paths[path]
-            used += record_size(n, per_token)
-            if used > self.budget * HELDOUT_SHARE:
-                self.progress.note(f"held out {len(kept)} of {len(held)} records: {HELDOUT_SHARE:.0%} of the budget holds their states")
-                break
-            kept.add((name, i))
-        return kept
-
     def fingerprint(self) -> str:
         """What the plan depends on; prep's counts, not its release, so a rerun of prep that
         gives the same records does not throw the run's progress away."""
@@ -240,24 +141,13 @@ class Chunked:
         extract = self.extract_settings
         key = {
             "prep": {name: [m.get("kept"), (m.get("tokens") or {}).get("total")] for name, m in manifests.items()},
-            "budget": self.budget, "layers": extract.layers, "captured": self.captured(),
+            "budget": self.budget, "layers": extract.layers, "captured": captured(self.ctx.shared_config, self.extract_settings.layers),
             "dtype": extract.dtype, "engine": extract.engine,
             "target": (self.ctx.shared_config.get("target") or {}).get("model"), "epochs": self.epochs,
             "passes": self.passes, "heldout": [self.resident_train, self.train_settings.eval_records,
                                                self.train_settings.eval_fraction, extract.shard_size],
         }
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-    def captured(self) -> list[int] | None:
-        """The HF hidden_states the layer ids name for this target (`remote.eagle3.layer_ids`): states
-        kept under another meaning of the ids (aerie before SGLang's per-architecture rule) are not reused."""
-        from remote.eagle3 import layer_ids
-
-        model, ids = (self.ctx.shared_config.get("target") or {}).get("model"), self.extract_settings.layers
-        try:
-            return layer_ids.captured(ids, layer_ids.target_architecture(Path(model))) if model and ids else None
-        except StageInputError:
-            return None  # extract itself refuses the target, naming why
 
     # -- running -------------------------------------------------------------------
 
@@ -336,20 +226,14 @@ class Chunked:
     # -- steps, epochs and the time left -------------------------------------------
 
     def steps_per_epoch(self) -> int:
-        return sum(-(-n // self.batch) for n in self.layout["records"])
+        return steps_in(self.layout["records"], self.batch)
 
     def schedule(self) -> int:
         """Optimizer steps of the whole run: one learning-rate schedule over every pass."""
         return self.epochs * self.steps_per_epoch()
 
     def steps_before(self, index: int, position: int) -> int:
-        """Optimizer steps taken once pass `index` has trained its first `position` chunks."""
-        if index >= self.passes:
-            return self.schedule()
-        shares = epochs_per_pass(self.epochs, self.passes)
-        order = pass_order(len(self.layout["chunks"]), index)
-        this_pass = sum(-(-self.layout["records"][k] // self.batch) for k in order[:position])
-        return sum(shares[:index]) * self.steps_per_epoch() + shares[index] * this_pass
+        return steps_before(self.layout["records"], self.batch, self.epochs, self.passes, index, position)
 
     def measure_epochs(self, steps: int) -> None:
         """The draft on the held-out records each time the steps taken pass a whole epoch's worth."""
@@ -458,31 +342,6 @@ class Chunked:
                            f"{accept}; draft in {manifest['draft']}")
         self.progress.estimate(0.0)
         return manifest
-
-
-def copy_records(preps: dict[str, Path], selection: dict[str, list[int]], out: Path) -> None:
-    """The selected records of each dataset's prep output as one prep output of their own (parquet and manifest)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from remote.eagle3.prep_input import COLUMNS, read_manifest, shard_files
-
-    tables, release = [], None
-    for name, indices in selection.items():
-        release = release or read_manifest(preps[name])["release"]
-        wanted, seen = sorted(indices), 0
-        for file in shard_files(preps[name]):
-            rows = pq.read_metadata(file).num_rows
-            local = [i - seen for i in wanted if seen <= i < seen + rows]
-            if local:
-                tables.append(pq.read_table(file, columns=COLUMNS).take(pa.array(local)))
-            seen += rows
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".tokens-00000.parquet.{os.getpid()}.tmp"
-    pq.write_table(pa.concat_tables(tables), tmp)
-    os.replace(tmp, out / "tokens-00000.parquet")
-    write_json_atomic(out / "manifest.json", {"release": release, "kept": sum(len(v) for v in selection.values()),
-                                              "source": {name: str(preps[name]) for name in selection}})
 
 
 def main() -> None:

@@ -1,9 +1,5 @@
 """The two errors prep raises: one the user must fix, and one that skips a row with a reason."""
 
-#: Where every refusal of a dataset that gives zero records ends: how to teach prep a format it does not read.
-TEACH_A_FAMILY = 'README, "Teaching prep a new family", shows how to add a format prep does not read'
-
-
 class PrepError(Exception):
     """Something the user must fix (a missing file, a bad setting, a tokenizer without a template)."""
 

@@ -21,7 +21,8 @@ from remote.prep.errors import PrepError
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 #: The longest row read from a local JSON or JSONL file; a longer one is skipped unread. Far above any
-#: real conversation, far below what would exhaust memory once parsed (a 50 MB row peaked at ~10 GB).
+#: real conversation, far below what would exhaust memory once parsed (a parsed row takes a large
+#: multiple of its bytes: docs/benchmarks.md, "Figures moved out of comments").
 MAX_ROW_BYTES = 16 << 20
 
 

@@ -50,6 +50,7 @@ from remote.eagle3.model_config import ModelConfig
 from remote.eagle3.target import TargetShape, best_device, read_target, shape_of, target_settings
 from remote.control_plane import layout
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
+from remote.vocabulary.sizes import decimal
 from remote import stages
 from remote.stages import StageContext
 
@@ -180,7 +181,7 @@ def load(checked: ExtractPlan, device: str | None, progress: Progress) -> Any:
     gpus = target_memory.nvidia_smi_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
     sizes = target_memory.require(checked.shape.path, checked.settings.dtype, "hf", gpus, target_memory.host_memory())["hf"]
     device = device or best_device()
-    progress.note(f"loading {checked.shape.path.name} on {device}: {target_memory.decimal(sizes['need_bytes'])} in "
+    progress.note(f"loading {checked.shape.path.name} on {device}: {decimal(sizes['need_bytes'])} in "
                   f"{sizes['in']}; {target_memory.holds(sizes)}")
     return load_target(checked.shape.path, checked.settings.dtype, checked.trust_remote_code, device, checked.target)
 

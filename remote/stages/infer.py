@@ -36,29 +36,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import time
-import urllib.error
 from collections import deque
 from queue import SimpleQueue
-import urllib.request
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Iterator
 
 from remote.infer.autotune import Autotuner, Fixed
-from remote.infer.client import ChatClient, Result
+from remote.infer import infer_files
+from remote.infer.client import ChatClient, Result, check_reachable
 from remote.infer.conversation import Regenerated, regenerate
-from remote.infer.infer_files import (  # noqa: F401 (PROMPTS, STATE: the stage's files, named here too)
-    MANIFEST, OUTPUT, PART, PROMPTS, SKIPPED, STATE, InferError, Upstream, count_lines, open_journal, read_prompts,
+from remote.infer.infer_files import (  # noqa: F401 (MANIFEST, PROMPTS, STATE: the stage's files, named here too)
+    MANIFEST, OUTPUT, PART, PROMPTS, SKIPPED, STATE, InferError, Upstream, open_journal, read_prompts,
     read_upstream,
 )
 from remote.infer.journal import Journal
 from remote.infer.tally import Tally
 from remote.infer.infer_settings import InferSettings, SettingsError
-from remote.control_plane.progress import Progress, write_json_atomic
-from remote.control_plane.scratch import temporary_name
+from remote.control_plane.progress import Progress
 from remote import stages
 from remote.stages import StageContext
 
@@ -266,59 +262,19 @@ class InferRun:
 
 
 def finish(output: Path, ctx: StageContext, upstream: Upstream, settings: InferSettings, run: InferRun) -> None:
-    """Rename the journal into the finished file (after an earlier run's answers kept in place, if any) and
-    write the manifest last."""
+    """The journal made the finished file (`remote.infer.infer_files.finish`), its manifest written last."""
     run.close()
-    (output / PART).touch()
-    if run.finished is not None and (output / PART).stat().st_size:
-        whole = output / temporary_name(OUTPUT)
-        with open(whole, "wb") as target:
-            for name in (OUTPUT, PART):
-                with open(output / name, "rb") as source:
-                    shutil.copyfileobj(source, target, 1 << 20)
-            target.flush()
-            os.fsync(target.fileno())
-        (output / MANIFEST).unlink()  # from here the finished file is this run's
-        os.replace(whole, output / OUTPUT)
-        (output / PART).unlink()
-    elif run.finished is not None:
-        (output / PART).unlink()  # nothing new: the kept file is the whole answer
-    else:
-        (output / MANIFEST).unlink(missing_ok=True)  # an earlier run's, of other prompts
-        os.replace(output / PART, output / OUTPUT)
-    write_json_atomic(
-        output / MANIFEST,
-        {
-            "release": ctx.release,
-            "dataset": ctx.dataset,
-            "upstream": {"stage": "prep", "release": upstream.release, "prompts_sha256": upstream.sha256},
-            "records": run.progress.records,
-            "skip_reasons": dict(run.progress.skip_reasons),
-            "turns": run.tally.manifest(),
-            "server_url": settings.server_url,
-            "sampling": settings.sampling(),
-            "finished_at": time.time(),
-        },
-    )
-
-
-def check_reachable(settings: InferSettings) -> None:
-    """Fail at once, in one line, when nothing answers at the server's address.
-
-    NOTE: any HTTP answer will do (even a 404): the point is to tell "no server"
-    from "a server that fails some requests", which the retries handle.
-    """
-    url = settings.server_url.rstrip("/") + "/models"
-    try:
-        urllib.request.urlopen(url, timeout=min(settings.timeout, 30)).close()
-    except urllib.error.HTTPError:
-        return
-    except OSError as exc:
-        reason = getattr(exc, "reason", exc)
-        raise InferError(
-            f"no inference server answers at {settings.server_url} ({reason}): start it, "
-            "or fix stages.infer.server_url in the inventory"
-        ) from None
+    infer_files.finish(output, run.finished is not None, {
+        "release": ctx.release,
+        "dataset": ctx.dataset,
+        "upstream": {"stage": "prep", "release": upstream.release, "prompts_sha256": upstream.sha256},
+        "records": run.progress.records,
+        "skip_reasons": dict(run.progress.skip_reasons),
+        "turns": run.tally.manifest(),
+        "server_url": settings.server_url,
+        "sampling": settings.sampling(),
+        "finished_at": time.time(),
+    })
 
 
 def run_stage(ctx: StageContext, progress: Progress) -> None:
@@ -331,7 +287,7 @@ def run_stage(ctx: StageContext, progress: Progress) -> None:
     check_reachable(settings)
     ctx.output.mkdir(parents=True, exist_ok=True)
     finished = open_journal(ctx.output, upstream, settings, progress)
-    progress.expect(count_lines(upstream.prompts))
+    progress.expect(stages.count_lines(upstream.prompts))
     run = InferRun(ctx.output, settings, progress, finished)
     try:
         before = run.resume()
