@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = ("local", "remote", "benchmarks", "tests")
@@ -16,9 +15,6 @@ REMOTE_ROOT_AT_MOST = 10
 #: The host side's limits (issue 41): a module, and a function, read without losing the thread.
 REMOTE_MODULE_LINES = 350
 REMOTE_FUNCTION_LINES = 50
-#: Training's files: the `train` branch (issue 41, point 1: one owner for training) brings them within the
-#: limits. NOTE: the lead empties this at that branch's merge; the xfail below then has nothing to hold.
-TRAIN_BRANCH = ("remote/stages/train.py", "remote/eagle3/", "remote/orchestration/resident.py")
 
 
 def _files() -> list[Path]:
@@ -141,18 +137,8 @@ def _oversized(paths: list[Path]) -> list[str]:
     return found
 
 
-def _is_training(path: Path) -> bool:
-    return str(path.relative_to(REPO)).startswith(TRAIN_BRANCH)
-
-
 def test_no_host_side_module_is_over_350_lines_nor_a_function_over_50() -> None:
-    assert _oversized([p for p in sorted((REPO / "remote").glob("**/*.py")) if not _is_training(p)]) == []
-
-
-@pytest.mark.xfail(reason="until the `train` branch (issue 41 point 1) lands: train.py, eagle3/specforge.py and "
-                          "eagle3/trainer.py's train are over the limits", strict=True)
-def test_training_s_modules_are_within_the_same_limits() -> None:
-    assert _oversized([p for p in sorted((REPO / "remote").glob("**/*.py")) if _is_training(p)]) == []
+    assert _oversized(sorted((REPO / "remote").glob("**/*.py"))) == []
 
 
 def test_the_release_agent_spells_the_manifest_s_name_as_the_layout_does() -> None:

@@ -66,6 +66,15 @@ def read_json(path: Path, default: Any = None) -> Any:
         return default
 
 
+def count_lines(path: Path | None) -> int:
+    """A JSONL file's records, its non-empty lines (what a stage expects to write, one per record it
+    reads); 0 where there is no file."""
+    if path is None or not path.is_file():
+        return 0
+    with path.open("rb") as handle:
+        return sum(1 for line in handle if line.strip())
+
+
 def read_mapping(path: Path) -> dict[str, Any]:
     """A JSON object from `path`; empty when absent, torn, unreadable or not an object (a reader that must go on)."""
     try:

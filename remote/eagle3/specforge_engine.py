@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from remote.control_plane.progress import Progress, write_json_atomic
+from remote.control_plane.progress import Progress, count_lines, write_json_atomic
 from remote.eagle3 import StageInputError, distributed, draft_config, init_draft, kept, specforge, specforge_inputs
 from remote.eagle3.extract_manifest import ExtractManifest
 from remote.eagle3.target import read_shape, target_settings
@@ -54,7 +54,7 @@ def run(ctx: Any, settings: TrainSettings, extracted: ExtractManifest | None, pr
         raise StageInputError(f"SpecForge finished but wrote no checkpoint under {job.runs}")
     exporter = _Exporter(ctx.output, job, generation, prefix, env, progress)
     figures = _keep(ctx, settings, job, exporter, latest, heldout_files, progress)
-    progress.written((extracted.records if extracted else 0) or _count_lines(job.prompts or job.train_data))
+    progress.written((extracted.records if extracted else 0) or count_lines(job.prompts or job.train_data))
     manifest = {"release": ctx.release, "engine": "specforge", "specforge": generation, "mode": mode, "command": argv,
                 "run_id": job.run_id if generation == "current" else None, "checkpoint": str(latest),
                 "draft": str(ctx.output / kept.DRAFT), "layers": job.layers, "init_draft": settings.init_draft,
@@ -254,8 +254,3 @@ def weight_name(path: Path, suffix: str) -> str | None:
     return next((n for n in names if n.endswith(suffix) and "vision" not in n), None)
 
 
-def _count_lines(path: Path | None) -> int:
-    if path is None or not path.is_file():
-        return 0
-    with path.open("rb") as handle:
-        return sum(1 for line in handle if line.strip())

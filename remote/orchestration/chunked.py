@@ -60,6 +60,7 @@ from remote.orchestration.chunk_plan import (
     SEED, captured, copy_records, cut, epochs_per_pass, group, held_out, pass_order, record_size, reserved, state_bytes,
     steps_before, steps_in, token_counts,
 )
+from remote.orchestration import resident
 from remote.stages import StageContext
 
 #: Where a run stands before it starts, and what it has measured.
@@ -88,16 +89,13 @@ class Chunked:
         self.preps: dict[str, Path] = {name: Path(p) for name, p in (ctx.config.get("prep_inputs") or {}).items()}
         if not self.preps:
             raise StageInputError("the chunked route got no prep outputs to read (config prep_inputs)")
-        self.out = ctx.output
-        self.train_out = ctx.data / "train"
+        self.out, self.train_out = ctx.output, ctx.data / "train"
         # NOTE: the built-in stages, named or not, run in this process; any other command is opaque.
         self.resident_extract = self.extract.get("command") in (None, "", DEFAULT_COMMANDS["extract"])
         self.resident_train = (self.train.get("command") in (None, "", DEFAULT_COMMANDS["train"])
                                and self.train_settings.engine == "aerie")
         if self.resident_train:  # one GPU beside the loaded target: more asked is refused before anything runs
-            from remote.orchestration.resident import one_rank
-
-            one_rank(self.train_settings, progress)
+            resident.one_rank(self.train_settings, progress)
 
     # -- the plan of chunks ------------------------------------------------------
 
@@ -152,8 +150,6 @@ class Chunked:
     # -- running -------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        from remote.orchestration import resident
-
         started = time.time()
         self.out.mkdir(parents=True, exist_ok=True)
         self.layout = self.plan()

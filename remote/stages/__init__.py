@@ -123,11 +123,3 @@ def _say(progress: Progress, line: str) -> None:
     except OSError:
         pass  # a full disk: the line still ends the stage
 
-
-def count_lines(path: Path | None) -> int:
-    """A JSONL file's records, its non-empty lines (what a stage expects to write, one per record it
-    reads); 0 where there is no file."""
-    if path is None or not path.is_file():
-        return 0
-    with path.open("rb") as handle:
-        return sum(1 for line in handle if line.strip())

@@ -54,7 +54,7 @@ from remote.infer.infer_files import (  # noqa: F401 (MANIFEST, PROMPTS, STATE: 
 from remote.infer.journal import Journal
 from remote.infer.tally import Tally
 from remote.infer.infer_settings import InferSettings, SettingsError
-from remote.control_plane.progress import Progress
+from remote.control_plane.progress import Progress, count_lines
 from remote import stages
 from remote.stages import StageContext
 
@@ -287,7 +287,7 @@ def run_stage(ctx: StageContext, progress: Progress) -> None:
     check_reachable(settings)
     ctx.output.mkdir(parents=True, exist_ok=True)
     finished = open_journal(ctx.output, upstream, settings, progress)
-    progress.expect(stages.count_lines(upstream.prompts))
+    progress.expect(count_lines(upstream.prompts))
     run = InferRun(ctx.output, settings, progress, finished)
     try:
         before = run.resume()
