@@ -1,5 +1,5 @@
 """The workstation side of aerie: inventories, transports, deploy, jobs, views.
 
 `local` reaches the host only through `remote`'s command line and the tagged
-JSON it prints (`remote.control_plane.wire`), the same way over SSH and on this machine.
+JSON it prints (`remote.vocabulary.wire`), the same way over SSH and on this machine.
 """

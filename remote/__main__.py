@@ -1,7 +1,7 @@
 """The host's command line: ``python -m remote VERB 'JSON'``, one tagged JSON answer.
 
 Run from the current release by the workstation (over SSH or locally). Every
-verb takes one JSON object and prints one payload (`remote.control_plane.wire`); a refusal is
+verb takes one JSON object and prints one payload (`remote.vocabulary.wire`); a refusal is
 ``{"error": "..."}`` with exit code 2.
 """
 
@@ -12,11 +12,12 @@ import os
 import sys
 from pathlib import Path
 
-from remote.control_plane import eta, gpus, jobs, layout, secrets
+from remote.control_plane import eta, gpus, jobs
+from remote.vocabulary import layout, secrets
 from remote.control_plane.pool import each
-from remote.control_plane.states import DRAFT
+from remote.vocabulary.states import DRAFT
 from remote.control_plane.store import HostError
-from remote.control_plane.wire import emit
+from remote.vocabulary.wire import emit
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from remote import sizing
-from remote.control_plane import hints, inference_server, layout
+from remote.control_plane import inference_server
+from remote.vocabulary import hints, layout
 from remote.eagle3 import server_check, target_memory
 from remote.eagle3.model_config import ConfigError
 from remote.vocabulary.sizes import decimal

@@ -33,8 +33,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from remote.control_plane import layout
-from remote.control_plane.states import DRAFT
+from remote.vocabulary import layout
+from remote.vocabulary.states import DRAFT
 from remote.eagle3 import model_config, target_memory
 from remote.eagle3.model_config import ConfigError
 from remote.eagle3.target_memory import DTYPE_BYTES

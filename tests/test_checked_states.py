@@ -19,7 +19,7 @@ import pytest
 import remote.__main__
 from remote import preflight
 from remote.control_plane import disk, jobs
-from remote.control_plane.states import JobState
+from remote.vocabulary.states import JobState
 from remote.eagle3 import shards
 from remote.eagle3.shards import BadState, ShardStore, load_sample
 from benchmarks.harness.checkout import REPO, wait_for

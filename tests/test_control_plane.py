@@ -54,15 +54,15 @@ def test_deploy_sends_everything_then_nothing_then_only_the_changed_file(bench: 
     assert "Nothing to deploy" in again.stdout
     assert (bench.root / "current").resolve() == release_one
 
-    (bench.checkout / "remote" / "control_plane" / "states.py").write_text(
-        (bench.checkout / "remote" / "control_plane" / "states.py").read_text() + "\n# edited\n")
+    (bench.checkout / "remote" / "vocabulary" / "states.py").write_text(
+        (bench.checkout / "remote" / "vocabulary" / "states.py").read_text() + "\n# edited\n")
     (bench.checkout / "remote" / "extra.py").write_text("VALUE = 1\n")
     changed = bench.inv("deploy")
     assert "1 added, 1 changed, 0 removed" in changed.stdout
     assert changed.stdout.count("remote/") == 2  # exactly the two paths are listed
     release_two = (bench.root / "current").resolve()
     assert release_two != release_one and release_one.exists()  # the old release is kept
-    assert (release_two / "remote" / "control_plane" / "states.py").read_text().endswith("# edited\n")
+    assert (release_two / "remote" / "vocabulary" / "states.py").read_text().endswith("# edited\n")
     assert (release_two / "remote/control_plane/jobs.py").stat().st_ino == (release_one / "remote/control_plane/jobs.py").stat().st_ino
 
 

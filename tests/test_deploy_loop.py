@@ -61,7 +61,7 @@ def test_the_key_changes_with_each_input_and_nothing_else(tmp_path: Path) -> Non
     assert keys(request(tmp_path), repo)["A"] not in (first, None)
 
 
-@pytest.mark.parametrize("edited", ["remote/prep/normalise.py", "remote/prep/new_module.py", "remote/control_plane/wire.py"])
+@pytest.mark.parametrize("edited", ["remote/prep/normalise.py", "remote/prep/new_module.py", "remote/vocabulary/wire.py"])
 def test_the_key_changes_with_prep_code_and_what_validate_imports(tmp_path: Path, edited: str) -> None:
     repo = copy_checkout(tmp_path / "checkout")
     before = keys(request(tmp_path), repo)["A"]

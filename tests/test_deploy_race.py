@@ -29,12 +29,12 @@ def switch_to_another_checkouts_release(root: Path) -> str:
     current = (root / "current").resolve()
     other = root / "releases" / "20991231-235959-0the0r00"
     subprocess.run(["cp", "-al", str(current), str(other)], check=True)  # releases share inodes, as a deploy's do
-    edited = other / "remote" / "control_plane" / "states.py"
+    edited = other / "remote" / "vocabulary" / "states.py"
     text = edited.read_bytes() + b"\n# another checkout's edit\n"
     edited.unlink()
     edited.write_bytes(text)
     manifest = json.loads((other / MANIFEST).read_text())
-    manifest["id"], manifest["files"]["remote/control_plane/states.py"] = other.name, hashlib.sha256(text).hexdigest()
+    manifest["id"], manifest["files"]["remote/vocabulary/states.py"] = other.name, hashlib.sha256(text).hexdigest()
     (other / MANIFEST).unlink()
     (other / MANIFEST).write_text(json.dumps(manifest))
     (root / ".current.tmp").symlink_to(Path("releases") / other.name)
@@ -93,5 +93,5 @@ def test_a_deploy_that_starts_while_another_switches_waits_for_it_and_sends_this
     assert live != theirs and f"Deployed release {live} to " in out and "1 changed, 0 removed; it is live." in out
     # This checkout's files are live: a new release, or, when both deploys fell in one second, its own
     # first release again (an id is the second and the files' digest).
-    states = Path("remote") / "control_plane" / "states.py"
+    states = Path("remote") / "vocabulary" / "states.py"
     assert (bench.root / "current" / states).read_bytes() == (bench.checkout / states).read_bytes()

@@ -25,7 +25,7 @@ import pytest
 import remote.__main__
 from remote.control_plane import jobs
 from remote.control_plane.logfile import CappedLog
-from remote.control_plane.states import JobState
+from remote.vocabulary.states import JobState
 from remote.control_plane.store import JobStore
 from benchmarks.harness.checkout import REPO, SCRIPTED, wait_for
 
@@ -243,7 +243,7 @@ def test_the_host_command_answers_with_a_broken_job_listed(root: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "remote", "status", json.dumps({"root": str(root)})],
                           cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    from remote.control_plane.wire import decode
+    from remote.vocabulary.wire import decode
 
     assert [j["state"] for j in decode(done.stdout)["jobs"]] == ["broken"]
 

@@ -2,7 +2,7 @@
 against tasks.py's collection, as `inv` would parse it typed.
 
 The hints are collected two ways: from the source (every `inv ...` in backticks or in parentheses in
-a string of local/ or remote/, and the task of every `inv TASK` said in words, and every call of remote/control_plane/hints.py's builder, its
+a string of local/ or remote/, and the task of every `inv TASK` said in words, and every call of remote/vocabulary/hints.py's builder, its
 non-constant arguments standing for a name), and from the views themselves (a stopped, empty or blocked job of
 every stage, under a runner in every state, and the outcome of a run that failed).
 """
@@ -23,8 +23,8 @@ from invoke.parser import Parser
 import tasks
 from local.inventory.values import stage_names
 from local.views import status_data
-from remote.control_plane import hints
-from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, STAGE_ORDER, JobState
+from remote.vocabulary import hints
+from remote.vocabulary.states import DRAFT, RUNNER, RUNNER_STAGE, STAGE_ORDER, JobState
 
 REPO = Path(__file__).resolve().parents[1]
 #: What a value computed at run time (a dataset's name, a stage) stands for in a hint read from the source.
@@ -36,7 +36,7 @@ BARE = re.compile(r"\((inv [a-z][^)`]*)\)")
 #: A task named in words (`stopped by inv stop`): at least the task is one tasks.py has.
 MENTION = re.compile(r"(?<![`(\w])(inv [a-z][\w-]*)")
 BUILDERS = {"inv", "chain", "words"}
-BUILDER = REPO / "remote" / "control_plane" / "hints.py"
+BUILDER = REPO / "remote" / "vocabulary" / "hints.py"
 
 
 def refusal(command: str) -> str | None:

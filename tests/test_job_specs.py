@@ -9,7 +9,7 @@ import pytest
 
 from local.inventory.schema import load
 from local.jobs import pipeline, specs
-from remote.control_plane import layout
+from remote.vocabulary import layout
 
 ALL_KEYS = set(specs.JobSpec.__required_keys__ | specs.JobSpec.__optional_keys__)
 #: The runner runs as a process of its own, uncapped; eval names no executor (the host's default).

@@ -14,7 +14,8 @@ import pytest
 
 from local.jobs import pipeline, specs
 from local.inventory.schema import load
-from remote.control_plane import freshness, layout
+from remote.control_plane import freshness
+from remote.vocabulary import layout
 from remote.control_plane.progress import write_json_atomic
 
 
@@ -285,7 +286,7 @@ def edit_stage(bench: object, stage: str, **settings: object) -> None:
 
 def test_status_marks_a_job_whose_settings_changed_what_reads_a_newer_output_and_what_comes_after_them(tmp_path: Path) -> None:
     from local.tasks.out_of_date import mark
-    from remote.control_plane.spec_changes import fingerprint
+    from remote.vocabulary.spec_changes import fingerprint
 
     before, after = inventory(tmp_path / "a"), inventory(tmp_path / "a", layers=[1, 2, 3])
     ran = {n["key"]: fingerprint(n["spec"]) for n in plan_of(before)}

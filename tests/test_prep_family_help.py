@@ -17,7 +17,7 @@ import pytest
 from local.exceptions import AerieError
 from local.inventory.schema import load
 from local.validation import samples
-from remote.control_plane.hints import TEACH_A_FAMILY
+from remote.vocabulary.hints import TEACH_A_FAMILY
 
 pytestmark = pytest.mark.e2e  # prep runs as a process, as `inv validate` runs it
 

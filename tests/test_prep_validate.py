@@ -11,7 +11,7 @@ import sys
 
 from remote.prep.validate import validate
 from remote.demo.tiny_tokenizer import build_tokenizer
-from remote.control_plane.wire import decode
+from remote.vocabulary.wire import decode
 from benchmarks.harness.stage_settings import complete
 from tests.prep_fixtures import REPO, tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401
 

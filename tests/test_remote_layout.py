@@ -1,9 +1,9 @@
 """The host's layout and names, each known in one place, measured from the source's syntax trees.
 
-- Paths under the root (``<root>/jobs``, ``<root>/data``) are built by `remote.control_plane.layout`
+- Paths under the root (``<root>/jobs``, ``<root>/data``) are built by `remote.vocabulary.layout`
   alone: no other module joins the literal ``"jobs"`` or ``"data"`` into a path.
 - The pseudo jobs of `inv run` (``pipeline/run``, ``draft/...``) are named once, in
-  `remote.control_plane.states`: nowhere else, on either side, is ``"pipeline"`` spelled, nor
+  `remote.vocabulary.states`: nowhere else, on either side, is ``"pipeline"`` spelled, nor
   ``"draft"`` or ``"run"`` used as a job's dataset or stage.
 - The control plane imports nothing of `remote` outside itself and the shared vocabulary (`remote.vocabulary`), so that it runs under ``python -S``
   on a host where nothing is installed.
@@ -15,11 +15,11 @@ import ast
 from pathlib import Path
 from typing import Callable
 
-from remote.control_plane import layout
+from remote.vocabulary import layout
 
 REPO = Path(__file__).resolve().parents[1]
-LAYOUT = REPO / "remote" / "control_plane" / "layout.py"
-STATES = REPO / "remote" / "control_plane" / "states.py"
+LAYOUT = REPO / "remote" / "vocabulary" / "layout.py"
+STATES = REPO / "remote" / "vocabulary" / "states.py"
 #: Sent to the host as source text and run on its own (local/host/verbs.py), so it cannot import the layout:
 #: its own spelling is checked against the layout's below instead.
 RELEASE = REPO / "remote" / "control_plane" / "release.py"

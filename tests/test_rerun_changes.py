@@ -10,7 +10,7 @@ import pytest
 from local.jobs import pipeline
 from local.jobs import specs
 from local.inventory.schema import load
-from remote.control_plane import spec_changes
+from remote.vocabulary import spec_changes
 
 
 def inventory(tmp_path: Path, layers: list[int], url: str = "http://127.0.0.1:1/v1") -> object:

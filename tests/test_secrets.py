@@ -26,7 +26,7 @@ from benchmarks.harness.checkout import SCRIPTED, Bench, copy_checkout
 from local.exceptions import AerieError
 from local.inventory import secret_values
 from local.inventory.schema import load
-from remote.control_plane import secrets
+from remote.vocabulary import secrets
 
 PROBE = '''\
 """Record a hash of each named variable of this process's environment, then become the real command."""

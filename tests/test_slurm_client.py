@@ -9,7 +9,7 @@ import pytest
 
 from remote.control_plane import slurm
 from remote.control_plane.slurm import STATE_MAP, SlurmError, SlurmJob, job_state
-from remote.control_plane.states import JobState
+from remote.vocabulary.states import JobState
 
 JOBCOMP = """\
 JobId=7 UserId=root(0) GroupId=root(0) Name=prep JobState=RUNNING Partition=debug TimeLimit=UNLIMITED StartTime=2026-01-01T00:00:00 EndTime=2026-01-01T00:00:01 NodeList=gpu01 NodeCnt=1 ProcCnt=1 WorkDir=/s ReservationName= Tres=cpu=1 Account= QOS= WcKey= Cluster=unknown SubmitTime=2026-01-01T00:00:00 EligibleTime=2026-01-01T00:00:00 DerivedExitCode=0:0 ExitCode=0:0

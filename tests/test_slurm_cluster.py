@@ -10,7 +10,7 @@ import pytest
 
 import remote.control_plane.slurm
 from remote.control_plane.slurm import SlurmJob
-from remote.control_plane.states import JobState
+from remote.vocabulary.states import JobState
 from benchmarks.harness.slurm_cluster import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]  # a real cluster: not the unit tier

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from local.views import status_data
 from local.views import status_columns, status_table
-from remote.control_plane.states import BAD, JobState
+from remote.vocabulary.states import BAD, JobState
 
 NOW = 1_000_000.0
 

@@ -21,8 +21,8 @@ from typing import Any
 from local.exceptions import AerieError
 from local.host.verbs import RemoteHost
 from local.paths import REPO
-from remote.control_plane import layout
-from remote.control_plane.wire import CLOSE, OPEN, decode
+from remote.vocabulary import layout
+from remote.vocabulary.wire import CLOSE, OPEN, decode
 
 #: What a release holds: the host-side code and the sample data the `local` inventory reads.
 SHIPPED = ("remote", "inventories/samples")

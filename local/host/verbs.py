@@ -12,8 +12,8 @@ from local.exceptions import AerieError, NotDeployed
 from local.paths import ENV_NAME, REPO
 from local.transport.process import Result
 from local.transport.protocol import Transport, open_transport
-from remote.control_plane import hints
-from remote.control_plane.wire import decode
+from remote.vocabulary import hints
+from remote.vocabulary.wire import decode
 
 if TYPE_CHECKING:
     from local.inventory.values import Inventory

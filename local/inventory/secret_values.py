@@ -3,7 +3,7 @@
 Two ways to give one: `secrets: [HF_TOKEN]` names variables of this machine's environment, and
 ``${NAME}`` in `stages.infer.server_env`, `stages.eval.server_env` or `notify.url` names one the same
 way. Their values are read here, at each command that starts jobs, and sent on the command's stdin
-(`local.host.verbs`); the host keeps them in its processes' environment only (remote/control_plane/secrets.py).
+(`local.host.verbs`); the host keeps them in its processes' environment only (remote/vocabulary/secrets.py).
 A literal value in those three places (older inventories) is sealed: sent the same way, under a name
 of its own, while the spec holds only ``${AERIE_SECRET_...}``. Wherever aerie shows a value of an
 environment mapping (a refusal of the inventory), it shows `MASK`.
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from local.exceptions import AerieError
 # The host expands what the workstation writes: one spelling of a reference and of a masked value.
-from remote.control_plane.secrets import MASK, REFERENCE
+from remote.vocabulary.secrets import MASK, REFERENCE
 
 if TYPE_CHECKING:
     from local.inventory.values import Inventory

@@ -17,7 +17,7 @@ from local.inventory.checks import DATASET_NAME, DATASET_NAME_RULE, Check, insid
 from local.inventory.fields import Strict, dump, setting, value_class
 from local.inventory.stages import Stages, stage_names
 from local.paths import ENV_NAME
-from remote.control_plane.states import DRAFT, RUNNER
+from remote.vocabulary.states import DRAFT, RUNNER
 
 RESERVED_NAMES = (RUNNER, DRAFT)  # the pseudo datasets of `inv run` (its runner, the one training job)
 

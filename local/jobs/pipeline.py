@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from local.inventory import secret_values
 from local.jobs.specs import (JobSpec, dataset_entry, job_spec, placement, shared_config, spec, stage_config,
                               stage_settings)
-from remote.control_plane import layout
-from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE
+from remote.vocabulary import layout
+from remote.vocabulary.states import DRAFT, RUNNER, RUNNER_STAGE
 
 if TYPE_CHECKING:
     from local.inventory.values import Inventory
@@ -42,7 +42,7 @@ def tokens_of(inventory: Inventory, name: str) -> str:
 
 
 def host_output(inventory: Inventory, name: str, stage: str) -> str:
-    """Where a dataset's stage writes on the host (`remote.control_plane.layout`: the host's paths are POSIX)."""
+    """Where a dataset's stage writes on the host (`remote.vocabulary.layout`: the host's paths are POSIX)."""
     return str(layout.output_dir(PurePosixPath(inventory.host.root), name, stage))
 
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from local.exceptions import AerieError
 from local.inventory import secret_values
 from local.inventory.fields import dump
-from remote.control_plane import layout
-from remote.control_plane.states import DRAFT
+from remote.vocabulary import layout
+from remote.vocabulary.states import DRAFT
 
 if TYPE_CHECKING:
     from local.inventory.values import Inventory

@@ -17,8 +17,8 @@ from local.jobs.pipeline import GPU_STAGES
 from local.tasks import job_verbs
 from local.views import eval_report
 from local.visible import visible
-from remote.control_plane import layout
-from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, JobState
+from remote.vocabulary import layout
+from remote.vocabulary.states import DRAFT, RUNNER, RUNNER_STAGE, JobState
 
 if TYPE_CHECKING:  # rich loads only when `inv eval` runs, not with every task
     from rich.console import Console

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from local.console import line
 from local.jobs import pipeline, specs
 from local.visible import VisibleStream, visible
-from remote.control_plane.layout import job_key
-from remote.control_plane.states import BAD, DRAFT, RUNNER
+from remote.vocabulary.layout import job_key
+from remote.vocabulary.states import BAD, DRAFT, RUNNER
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -1,7 +1,7 @@
 """`inv status`'s out-of-date marks: a succeeded job whose settings differ from those the inventory builds
 now, or that reads something newer than its run, is marked ``out_of_date`` (why, in words), and so is
 every job of the pipeline after it. The host says what each job ran with (a fingerprint of its spec,
-`remote.control_plane.spec_changes.fingerprint`) and what is newer (`remote.control_plane.freshness.annotate`);
+`remote.vocabulary.spec_changes.fingerprint`) and what is newer (`remote.control_plane.freshness.annotate`);
 only the workstation knows the inventory, so the comparison is made here.
 """
 
@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from local.exceptions import AerieError
 from local.jobs import pipeline, specs
-from remote.control_plane import layout
-from remote.control_plane.spec_changes import fingerprint
-from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, JobState
+from remote.vocabulary import layout
+from remote.vocabulary.spec_changes import fingerprint
+from remote.vocabulary.states import DRAFT, RUNNER, RUNNER_STAGE, JobState
 
 if TYPE_CHECKING:
     from local.host.fleet import Fleet

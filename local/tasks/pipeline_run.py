@@ -12,8 +12,8 @@ from local.jobs import pipeline
 from local.tasks import deployment, job_verbs
 from local.views import live, status_data
 from local.visible import visible
-from remote.control_plane import hints
-from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, JobState
+from remote.vocabulary import hints
+from remote.vocabulary.states import DRAFT, RUNNER, RUNNER_STAGE, JobState
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from local.exceptions import AerieError
 from local.transport.process import Result, run_process
 from local.transport.ssh_checks import known_hosts, refuse_non_loopback
-from remote.control_plane import hints
+from remote.vocabulary import hints
 
 if TYPE_CHECKING:
     from local.inventory.values import Host

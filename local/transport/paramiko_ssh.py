@@ -16,7 +16,7 @@ from fabric import Config, Connection
 from local.exceptions import AerieError
 from local.transport.process import Result
 from local.transport.ssh_checks import known_hosts, refuse_non_loopback
-from remote.control_plane import hints
+from remote.vocabulary import hints
 
 if TYPE_CHECKING:
     from local.inventory.values import Host

@@ -19,8 +19,8 @@ from local.views import validation_table
 from local.visible import visible_all
 from local.paths import INVENTORIES, REPO
 from local.transport.protocol import LocalTransport
-from remote.control_plane.hints import TEACH_A_FAMILY
-from remote.control_plane.wire import decode
+from remote.vocabulary.hints import TEACH_A_FAMILY
+from remote.vocabulary.wire import decode
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from remote.control_plane.states import RUNNER, RUNNER_STAGE, JobState
+from remote.vocabulary.states import RUNNER, RUNNER_STAGE, JobState
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from local.views.status_data import Job, in_pipeline_order, job_name
 from local.visible import visible
-from remote.control_plane.states import JobState
+from remote.vocabulary.states import JobState
 
 if TYPE_CHECKING:
     from rich.console import Console

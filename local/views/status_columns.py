@@ -15,7 +15,7 @@ from typing import Any, Callable
 from rich.text import Text
 
 from local.views.status_data import Job, next_step
-from remote.control_plane.states import JobState
+from remote.vocabulary.states import JobState
 
 
 STATE_STYLES = {

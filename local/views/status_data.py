@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from remote.control_plane import hints, layout
-from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, STAGE_ORDER, JobState
+from remote.vocabulary import hints, layout
+from remote.vocabulary.states import DRAFT, RUNNER, RUNNER_STAGE, STAGE_ORDER, JobState
 
 Job = dict[str, Any]
 UNREACHABLE = "unreachable"

@@ -11,8 +11,8 @@ from typing import Any, Callable
 from rich.text import Text
 
 from local.views.status_data import Job
-from remote.control_plane import hints
-from remote.control_plane.states import JobState
+from remote.vocabulary import hints
+from remote.vocabulary.states import JobState
 
 
 #: States shown as rows of their own (by value: an enum lookup per job is a tenth of a frame of 1,000).

@@ -32,8 +32,8 @@ from local.views.status_columns import COLUMNS, HOST, STATE_STYLES, WIDE, Column
 from local.views.status_data import UNREACHABLE, Job, accept_length, in_pipeline_order, runner_state
 from local.views.status_rows import BAD_STATES, Kinds, fill_lines, more_row, total_lines
 from local.visible import visible, visible_all
-from remote.control_plane.layout import job_key
-from remote.control_plane.states import RUNNER_STAGE, JobState
+from remote.vocabulary.layout import job_key
+from remote.vocabulary.states import RUNNER_STAGE, JobState
 
 
 def render(status: dict[str, Any], title: str | None = None, fit: bool = False) -> RenderableType:

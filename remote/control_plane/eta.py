@@ -21,9 +21,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from remote.control_plane import layout
+from remote.vocabulary import layout
 from remote.control_plane.progress import read_mapping
-from remote.control_plane.states import DRAFT, RUNNER, RUNNER_STAGE, JobState
+from remote.vocabulary.states import DRAFT, RUNNER, RUNNER_STAGE, JobState
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:

@@ -13,11 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-from remote.control_plane import cgroups, hints, processes
-from remote.control_plane.layout import LOG, STATE
+from remote.control_plane import cgroups, processes
+from remote.vocabulary import hints
+from remote.vocabulary.layout import LOG, STATE
 from remote.control_plane.store import HostError
 from remote.control_plane.progress import write_json_atomic
-from remote.control_plane.states import JobState, quiet_for
+from remote.vocabulary.states import JobState, quiet_for
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:

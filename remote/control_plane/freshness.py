@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from remote.control_plane import layout, spec_changes
-from remote.control_plane.states import RUNNER, RUNNER_STAGE, JobState
+from remote.vocabulary import layout, spec_changes
+from remote.vocabulary.states import RUNNER, RUNNER_STAGE, JobState
 from remote.control_plane.store import BrokenJob, JobStore
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py

@@ -17,7 +17,8 @@ import os
 import time
 from pathlib import Path
 
-from remote.control_plane import layout, processes
+from remote.control_plane import processes
+from remote.vocabulary import layout
 from remote.control_plane.progress import read_json
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py

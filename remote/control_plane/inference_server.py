@@ -23,7 +23,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
-from remote.control_plane import processes, secrets
+from remote.control_plane import processes
+from remote.vocabulary import secrets
 from remote.control_plane.logfile import last_line
 from remote.control_plane.progress import write_json_atomic
 
@@ -36,7 +37,7 @@ def start(command: str, log_path: Path, env: dict[str, str] | None = None) -> in
     """Start `command` detached in its own session, output appended to `log_path`; return its pid.
 
     `env` is laid over the current environment, its ``${NAME}`` secrets filled in from it
-    (remote/control_plane/secrets.py). The pid is also the process group id, which is what `stop` signals.
+    (remote/vocabulary/secrets.py). The pid is also the process group id, which is what `stop` signals.
     """
     if not command.strip():
         raise ServerError("inference server launch command is empty: set it in the inventory")

@@ -1,6 +1,6 @@
 """Jobs on the host: launch, describe, stop, over the job store and each job's executor.
 
-Where each job's files lie is `remote.control_plane.layout`'s, their checked reading `remote.control_plane.store`'s;
+Where each job's files lie is `remote.vocabulary.layout`'s, their checked reading `remote.control_plane.store`'s;
 where a job runs (a detached supervisor here, or Slurm) is its executor's
 (`remote.control_plane.executors`). Only the supervisor writes ``state.json`` while it lives;
 launch writes the first one and `stop` the last one when the supervisor is
@@ -13,10 +13,11 @@ import os
 import time
 from pathlib import Path
 
-from remote.control_plane import executors, freshness, layout, processes
+from remote.control_plane import executors, freshness, processes
+from remote.vocabulary import layout
 from remote.control_plane.logfile import last_line
 from remote.control_plane.store import BrokenJob, HostError, Job, JobStore
-from remote.control_plane.states import JobState
+from remote.vocabulary.states import JobState
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:

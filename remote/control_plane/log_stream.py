@@ -7,8 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-from remote.control_plane import jobs, layout, logfile
-from remote.control_plane.states import JobState
+from remote.control_plane import jobs, logfile
+from remote.vocabulary import layout
+from remote.vocabulary.states import JobState
 from remote.control_plane.store import HostError
 
 

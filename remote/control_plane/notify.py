@@ -5,7 +5,7 @@ The pipeline runner calls `run_ended` once, after its run (remote/orchestration/
 the jobs' states on disk, as `inv status` reads them, never from the runner's memory. A webhook gets JSON
 that Slack's and Discord's incoming webhooks both take (``text`` and ``content``, the same message) and,
 for other readers, the same facts under ``aerie``; a command gets the message on its stdin and in
-``$AERIE_NOTIFY_MESSAGE``. Its URL is a secret (remote/control_plane/secrets.py): it is never logged, and
+``$AERIE_NOTIFY_MESSAGE``. Its URL is a secret (remote/vocabulary/secrets.py): it is never logged, and
 an error that would name it names ``***``. A notification that fails is a line in the runner's log and
 never fails the run.
 
@@ -24,8 +24,9 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-from remote.control_plane import jobs, layout, secrets
-from remote.control_plane.states import DRAFT, JobState
+from remote.control_plane import jobs
+from remote.vocabulary import layout, secrets
+from remote.vocabulary.states import DRAFT, JobState
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from remote.control_plane import executors, jobs, layout
-from remote.control_plane.states import JobState
+from remote.control_plane import executors, jobs
+from remote.vocabulary import layout
+from remote.vocabulary.states import JobState
 from remote.control_plane.store import BrokenJob, HostError, JobStore
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from remote.control_plane.states import JobState
+from remote.vocabulary.states import JobState
 from remote.control_plane.store import HostError
 
 TIMEOUT_S = 60.0

@@ -17,11 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from remote.control_plane import hints, slurm
-from remote.control_plane.layout import LOG, SCRIPT, STATE
+from remote.control_plane import slurm
+from remote.vocabulary import hints
+from remote.vocabulary.layout import LOG, SCRIPT, STATE
 from remote.control_plane.progress import write_json_atomic
 from remote.control_plane.slurm import SlurmJob
-from remote.control_plane.states import JobState, quiet_for
+from remote.vocabulary.states import JobState, quiet_for
 
 #: End states Slurm imposes on a job; they override what the supervisor managed to record.
 ENDED_BY_SLURM = {"TIMEOUT", "DEADLINE", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "PREEMPTED", "CANCELLED"}

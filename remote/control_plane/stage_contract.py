@@ -14,9 +14,10 @@ import json
 import sys
 from pathlib import Path
 
-from remote.control_plane import layout, scratch
+from remote.control_plane import scratch
+from remote.vocabulary import layout
 from remote.control_plane.progress import PROGRESS_ENV
-from remote.control_plane.states import RUNNER_STAGE
+from remote.vocabulary.states import RUNNER_STAGE
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ One directory per (dataset, stage), plus the pseudo jobs of ``inv run``
     stop.json      `inv stop`'s request, written before it signals: only then does the job end `stopped`
     launch.lock    taken while a launch, rerun or stop decides about the job
 
-The names, and where the directories lie, are `remote.control_plane.layout`'s.
+The names, and where the directories lie, are `remote.vocabulary.layout`'s.
 
 Every file is checked as it is read: a job whose files are torn, of the wrong
 type or hold bytes that are not JSON raises `BrokenJob` with the reason, which
@@ -26,10 +26,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from remote.control_plane import hints, layout
-from remote.control_plane.layout import LOCK, LOG, PROGRESS, SPEC, STATE, STOP
+from remote.vocabulary import hints, layout
+from remote.vocabulary.layout import LOCK, LOG, PROGRESS, SPEC, STATE, STOP
 from remote.control_plane.progress import read_mapping, write_json_atomic
-from remote.control_plane.states import JobState
+from remote.vocabulary.states import JobState
 
 TYPE_CHECKING = False  # typing's, without importing typing: see remote/__init__.py
 if TYPE_CHECKING:

@@ -26,12 +26,12 @@ from typing import Any, Callable, Iterator
 from remote.control_plane import cgroups, disk, inference_server, scratch
 from remote.control_plane.jobs import HEARTBEAT_SECONDS
 from remote.control_plane.logfile import SUPERVISOR_MARK, bounded, last_line, tail
-from remote.control_plane.layout import LOCK, LOG, PROGRESS, SERVER_LOG, SPEC, STATE, STOP
+from remote.vocabulary.layout import LOCK, LOG, PROGRESS, SERVER_LOG, SPEC, STATE, STOP
 from remote.control_plane.logfile import CappedLog
 from remote.control_plane.processes import die_with_parent, identity
 from remote.control_plane.progress import read_json, read_mapping, write_json_atomic
 from remote.control_plane.stage_contract import OUTPUT_ENV, stage_command, stage_env
-from remote.control_plane.states import JobState
+from remote.vocabulary.states import JobState
 
 
 def exec_form(command: str) -> str:

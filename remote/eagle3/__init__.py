@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from remote.control_plane import hints
+from remote.vocabulary import hints
 
 
 class StageInputError(Exception):

@@ -50,7 +50,7 @@ def environment(extra: dict[str, str]) -> dict[str, str]:
     """The stage's environment with ``stages.extract.specforge_env`` over it; the release directory stays
     on PYTHONPATH, after the given one, so the workers import this aerie. A ``${NAME}`` in it (a secret, or a
     literal the workstation sealed) is filled in from this process's environment, where the secrets are held."""
-    from remote.control_plane import secrets
+    from remote.vocabulary import secrets
     from remote.eagle3 import StageInputError
 
     try:

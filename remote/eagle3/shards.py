@@ -50,7 +50,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-from remote.control_plane import layout
+from remote.vocabulary import layout
 from remote.control_plane.progress import read_json, write_json_atomic
 from remote.eagle3 import StageInputError
 

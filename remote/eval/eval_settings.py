@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from remote.control_plane import hints
+from remote.vocabulary import hints
 from remote.eagle3 import StageInputError
 from remote.settings import typed
 

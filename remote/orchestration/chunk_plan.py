@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from remote import sizing
-from remote.control_plane import layout
+from remote.vocabulary import layout
 from remote.control_plane.progress import Progress, write_json_atomic
 from remote.eagle3 import StageInputError
 from remote.eagle3.extract_settings import ExtractSettings

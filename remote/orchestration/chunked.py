@@ -52,10 +52,10 @@ from remote.eagle3 import StageInputError
 from remote.eagle3.extract_settings import ExtractSettings
 from remote.eagle3.heldout import EVALUATIONS
 from remote.eagle3.train_settings import TrainSettings
-from remote.control_plane import layout
+from remote.vocabulary import layout
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.control_plane.stage_contract import DEFAULT_COMMANDS, stage_command, stage_variables
-from remote.control_plane.states import DRAFT
+from remote.vocabulary.states import DRAFT
 from remote.orchestration.chunk_plan import (
     SEED, captured, copy_records, cut, epochs_per_pass, group, held_out, pass_order, record_size, reserved, state_bytes,
     steps_before, steps_in, token_counts,

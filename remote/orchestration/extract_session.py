@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from remote.control_plane import layout
+from remote.vocabulary import layout
 from remote.control_plane.progress import write_json_atomic
 from remote.eagle3 import StageInputError
 from remote.stages import StageContext

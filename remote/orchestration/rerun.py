@@ -1,5 +1,5 @@
 """`inv rerun`: the jobs in a bad state run again, each with the workstation's fresh spec if it sent
-one, saying what changed in each since its last run (`changes`: by job, `remote.control_plane.spec_changes`).
+one, saying what changed in each since its last run (`changes`: by job, `remote.vocabulary.spec_changes`).
 
 Jobs of an `inv run` pipeline are not relaunched one by one: the pipeline runner is, resumed, so that
 dependencies and the GPU's exclusivity still hold. Where the executor queues jobs itself (Slurm), they
@@ -11,10 +11,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from remote.control_plane import executors, jobs, layout
+from remote.control_plane import executors, jobs
+from remote.vocabulary import layout
 from remote.control_plane.pool import each
 from remote.control_plane.queue_order import submit_in_order
-from remote.control_plane.states import BAD, JobState
+from remote.vocabulary.states import BAD, JobState
 from remote.control_plane.store import BrokenJob, HostError, JobStore
 from remote.orchestration.start import launch_runner
 
@@ -90,7 +91,7 @@ def stored_spec(directory: Path) -> dict[str, Any]:
 
 
 def _changes(stored: dict[str, Any], spec: dict[str, Any]) -> list[list[Any]]:
-    from remote.control_plane import spec_changes  # here: only a rerun compares specs
+    from remote.vocabulary import spec_changes  # here: only a rerun compares specs
 
     return spec_changes.changes(stored, spec) if stored else []
 

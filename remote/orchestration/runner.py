@@ -29,9 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from remote.control_plane import disk, inference_server, jobs, layout, notify
+from remote.control_plane import disk, inference_server, jobs, notify
+from remote.vocabulary import layout
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
-from remote.control_plane.states import RUNNER, JobState
+from remote.vocabulary.states import RUNNER, JobState
 from remote.control_plane.store import BrokenJob, JobStore, read_object
 from remote.orchestration import extract_session
 from remote.stages import StageContext

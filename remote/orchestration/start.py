@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from remote.control_plane import executors, jobs, layout
+from remote.control_plane import executors, jobs
+from remote.vocabulary import layout
 from remote.control_plane.queue_order import submit_in_order
 from remote.control_plane.store import JobStore
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
-from remote.control_plane.hints import TEACH_A_FAMILY
+from remote.vocabulary.hints import TEACH_A_FAMILY
 from remote.prep.load import Malformed
 from remote.prep.normalise import Record, Skip, normalise
 from remote.prep.prompt_turns import ask_points

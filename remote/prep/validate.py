@@ -6,7 +6,7 @@ Usage: ``python -m remote.prep.validate '<json>'`` (or ``-``: the JSON on stdin)
      "stage": {prep settings},
      "datasets": {"A1": {"kind": "native", "sample": "/abs/sample.jsonl", ...}}}
 
-Prints, through `remote.control_plane.wire.emit`, a list with one entry per dataset:
+Prints, through `remote.vocabulary.wire.emit`, a list with one entry per dataset:
 ``{"dataset", "kind", "formats", "rows", "kept", "skipped", "skip_reasons",
 "mean_tokens", "dropped_fields", "tool_declarations", "error", ...}`` (the counts of
 `remote.prep.preparer.Summary.counts`). A dataset that cannot be checked (no sample file, a
@@ -26,7 +26,7 @@ from remote.prep.errors import PrepError
 from remote.prep.load import Source, iter_rows
 from remote.prep.preparer import Summary, run_prep
 from remote.prep.prep_settings import PrepSettings, Target
-from remote.control_plane.wire import emit
+from remote.vocabulary.wire import emit
 
 
 def validate(request: dict[str, Any]) -> list[dict[str, Any]]:

@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from remote.control_plane import disk, layout
+from remote.control_plane import disk
+from remote.vocabulary import layout
 from remote.control_plane.progress import Progress
 from remote.control_plane.stage_contract import (
     CONFIG_ENV, DATA_ENV, DATASET_ENV, KIND_ENV, OUTPUT_ENV, RELEASE_ENV, ROOT_ENV, SOURCE_ENV, STAGE_ENV,

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from remote import stages
-from remote.control_plane import inference_server, layout, processes
+from remote.control_plane import inference_server, processes
+from remote.vocabulary import layout
 from remote.eagle3 import StageInputError, model_config
 from remote.eval import prompt_source
 from remote.eval import reports

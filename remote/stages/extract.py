@@ -48,7 +48,7 @@ from remote.eagle3.shards import ShardStore
 from remote.eagle3 import target_memory
 from remote.eagle3.model_config import ModelConfig
 from remote.eagle3.target import TargetShape, best_device, read_target, shape_of, target_settings
-from remote.control_plane import layout
+from remote.vocabulary import layout
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.vocabulary.sizes import decimal
 from remote import stages

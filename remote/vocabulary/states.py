@@ -12,7 +12,7 @@ from enum import Enum
 #: can be a dataset's name (local/inventory/values.py refuses them).
 RUNNER = "pipeline"
 DRAFT = "draft"
-#: The runner's stage: the runner's job is (RUNNER, RUNNER_STAGE); `remote.control_plane.layout` keys it.
+#: The runner's stage: the runner's job is (RUNNER, RUNNER_STAGE); `remote.vocabulary.layout` keys it.
 RUNNER_STAGE = "run"
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from remote.control_plane.states import RUNNER, RUNNER_STAGE
+from remote.vocabulary.states import RUNNER, RUNNER_STAGE
 
 JOBS, DATA = "jobs", "data"
 #: A job's files (store.py says what each holds).
