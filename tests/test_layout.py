@@ -141,6 +141,32 @@ def test_no_host_side_module_is_over_350_lines_nor_a_function_over_50() -> None:
     assert _oversized(sorted((REPO / "remote").glob("**/*.py"))) == []
 
 
+def test_the_workstation_imports_nothing_of_the_host_side_outside_its_shared_vocabulary() -> None:
+    reached = [f"{path.relative_to(REPO)}: {module}"
+               for path in sorted((REPO / "local").glob("**/*.py")) + [REPO / "tasks.py"]
+               for module, _ in _imports(path)
+               if module.split(".")[0] == "remote" and not module.startswith("remote.vocabulary")]
+    assert reached == []
+
+
+def test_the_shared_vocabulary_imports_only_itself_and_the_standard_library() -> None:
+    import sys
+
+    outside = []
+    for path in sorted((REPO / "remote" / "vocabulary").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            outside += [f"{path.relative_to(REPO)}: {name}" for name in names
+                        if not name.startswith("remote.vocabulary") and name.split(".")[0] not in sys.stdlib_module_names
+                        and name != "__future__"]
+    assert outside == []
+
+
 def test_the_release_agent_spells_the_manifest_s_name_as_the_layout_does() -> None:
     # release.py is sent as source and run on its own, so it cannot import the layout.
     from remote.control_plane import release
