@@ -14,7 +14,6 @@ from pathlib import Path
 
 from remote.control_plane import eta, gpus, jobs
 from remote.vocabulary import layout, secrets
-from remote.control_plane.pool import each
 from remote.vocabulary.states import DRAFT
 from remote.control_plane.store import HostError
 from remote.vocabulary.wire import emit
@@ -42,6 +41,8 @@ def launch(args: dict[str, Any]) -> Any:
         from remote.control_plane.queue_order import submit_in_order
 
         return submit_in_order(root, args["specs"])
+    from remote.control_plane.pool import each
+
     # NOTE: a finished job is run again only when asked (`inv launch --force`): a relaunch replaces its output.
     return jobs.launch_all(root, args["specs"], each=each, keep_done=not args.get("force"))
 
@@ -59,6 +60,8 @@ def rerun(args: dict[str, Any]) -> Any:
 
 
 def stop(args: dict[str, Any]) -> Any:
+    from remote.control_plane.pool import each
+
     root = Path(args["root"])
     selected = jobs.selected(root, args.get("datasets"), args.get("stages"))
     return each(lambda d: jobs.stop(root, d.parent.name, d.name), selected)

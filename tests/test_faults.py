@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import remote.__main__
-from remote.control_plane import jobs
+from remote.control_plane import jobs, pool
 from remote.control_plane.logfile import CappedLog
 from remote.vocabulary.states import JobState
 from remote.control_plane.store import JobStore
@@ -278,7 +278,7 @@ def test_each_works_every_job_at_once_in_order_and_raises_a_failure_after_the_re
             together.wait()
         return index * index
 
-    assert remote.__main__.each(work, list(range(20))) == [i * i for i in range(20)]
+    assert pool.each(work, list(range(20))) == [i * i for i in range(20)]
 
     done: list[int] = []
 
@@ -288,16 +288,16 @@ def test_each_works_every_job_at_once_in_order_and_raises_a_failure_after_the_re
         done.append(index)
 
     with pytest.raises(OSError, match="No space left"):
-        remote.__main__.each(fails_once, list(range(20)))
+        pool.each(fails_once, list(range(20)))
     assert sorted(done) == [i for i in range(20) if i != 3]  # one job's failure never skips another's
-    assert remote.__main__.each(fails_once, []) == []
+    assert pool.each(fails_once, []) == []
 
 
 def test_the_host_s_status_and_launch_load_only_what_they_use(tmp_path: Path) -> None:
     # Every `inv status` and `inv launch` starts Python on the host. concurrent.futures (with the logging
     # it imports) took longer to import than 40 jobs took to record; typing is 5-10% of the host's
     # status; a dataclass would bring inspect.
-    probe = ("import sys; import remote.__main__; print(remote.__main__.each(abs, [-1, -2]), "
+    probe = ("import sys; import remote.__main__; from remote.control_plane import pool; print(pool.each(abs, [-1, -2]), "
              "remote.__main__.status({'root': sys.argv[1]})['jobs'], "
              "sorted(m for m in ('concurrent.futures', 'logging', 'typing', 'inspect', 'dataclasses') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-S", "-c", probe, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
