@@ -4,6 +4,7 @@ The control plane (`remote.control_plane`: jobs, their supervisor, executors,
 status) uses the standard library only, because the host's Python may have
 nothing else installed; `remote.orchestration` runs stages in order. The stages under `remote.stages` may
 import `datasets`, `transformers` and `torch`, which the host provides.
+The workstation imports one part of it: `remote.vocabulary`, the words both sides share.
 
 Every `inv status` or `inv launch` starts Python here, so what those verbs
 import is what they wait for. Their modules import `typing` only for type
