@@ -169,6 +169,7 @@ def plan(args: dict[str, Any]) -> dict[str, Any]:
         "tokens": tokens, "hidden_size": hidden, "layers": layers, "dtype": dtype,
         "bytes_per_token": None, "offline_bytes": None, "free_bytes": free, "disk_budget": budget,
         "route": None, "chunks": None, "configured_route": args["route"], "engine": args["engine"],
+        "train_nproc": args.get("train_nproc"), "resident_train": args.get("resident_train", True),
         "unknown": [d["dataset"] for d in datasets if d["tokens"] is None],
     }
     if hidden is None:

@@ -34,7 +34,7 @@ def request(inventory: Inventory, root: str, estimates: dict[str, dict[str, Any]
         "model": specs.dumped(inventory.target, root)["model"],
         "layers": extract["layers"], "dtype": extract["dtype"], "disk_budget": extract["disk_budget"],
         "route": extract["route"], "engine": train.engine, "extract_engine": extract["engine"], "max_length": prep.max_length,
-        "epochs": train.epochs, "train_nproc": train.nproc, "passes": extract["passes"] or train.epochs,
+        "epochs": train.epochs, "train_nproc": train.nproc, "resident_train": train.command is None, "passes": extract["passes"] or train.epochs,
         "resident": inventory.stages.extract.command is None,
         "datasets": [
             {"dataset": name, "source": d.source, "kind": d.kind, "rows": d.rows, "limit": d.limit,

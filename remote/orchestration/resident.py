@@ -25,6 +25,7 @@ from remote.control_plane.progress import Progress, read_json, write_json_atomic
 from remote.eagle3 import StageInputError, kept, reporting
 from remote.eagle3.train_settings import TrainSettings
 from remote.stages import StageContext
+from remote.vocabulary import plan_texts
 
 
 class Relay:
@@ -123,11 +124,9 @@ def one_rank(settings: TrainSettings, progress: Any) -> None:
     ``nproc`` above 1 is refused in one line naming the fix; unset, on a host of several GPUs, said in one line."""
     from remote.eagle3 import distributed
 
-    if settings.nproc is not None and settings.nproc > 1:
-        raise StageInputError(
-            f"stages.train.nproc {settings.nproc}: the chunked route trains in the process that holds the target, on "
-            "one GPU; set nproc: 1 for it, or give stages.extract.disk_budget room for every state (the offline "
-            "route trains on nproc GPUs)")
+    refused = plan_texts.chunked_nproc(settings.nproc)
+    if refused:
+        raise StageInputError(refused)
     if settings.nproc is None and distributed.visible_gpus() > 1:
         progress.note("training on one GPU: the chunked route trains beside the loaded target "
                       "(stages.train.nproc applies to the offline route)")
