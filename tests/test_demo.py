@@ -28,8 +28,10 @@ from benchmarks.harness.checkout import REPO, Bench, copy_checkout
 from tests.pipeline_fixtures import demo_target  # noqa: F401 — a fixture
 from tests.helpers.demo import DEMO, demo_inventory
 
-pytestmark = [pytest.mark.e2e, pytest.mark.backends("local", "ssh")]
-# NOTE: the host's Python is this virtualenv's on both backends: the stages need torch and transformers.
+# NOTE: the demo's own backend only (inventories/local.yaml): every stage's launch, supervision and managed server
+# over SSH are the scripted-stage tests' (test_pipeline, test_run_ends, test_control_plane), and a real stage
+# there test_prep_e2e's; the host's Python is this virtualenv's, for torch and transformers.
+pytestmark = pytest.mark.e2e
 
 EXPECTED_JOBS = {"chat/prep", "chat/extract", "asks/prep", "asks/infer", "asks/tokenize", "asks/extract",
                  "draft/train", "pipeline/run"}
