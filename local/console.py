@@ -40,11 +40,33 @@ class LazyConsole:
         return self._rich
 
     def print(self, *objects: Any, **options: Any) -> None:
-        if self._rich is None and not options and all(isinstance(o, str) and not RICH_SYNTAX.search(o) for o in objects):
-            sys.stdout.write(" ".join(objects) + "\n")
-            sys.stdout.flush()
+        if self._rich is None and not options and all(self._is_plain(o) for o in objects):
+            out = self._options.get("file") or sys.stdout
+            out.write(" ".join(o.plain if isinstance(o, StyledLine) else o for o in objects) + "\n")
+            out.flush()
             return
         self.rich.print(*objects, **options)
+
+    def _is_plain(self, item: Any) -> bool:
+        """Text rich would write unchanged: no markup, and styles only where they would not show."""
+        if isinstance(item, StyledLine):
+            return not self._shows_styles()
+        return isinstance(item, str) and not RICH_SYNTAX.search(item)
+
+    def _shows_styles(self) -> bool:
+        """Whether rich would write styles: to a terminal, or where the environment forces them as rich reads it."""
+        forced = self._options.get("force_terminal")
+        if forced is not None:
+            return bool(forced)
+        if os.environ.get("TTY_COMPATIBLE") in ("0", "1"):
+            return os.environ["TTY_COMPATIBLE"] == "1"
+        if os.environ.get("FORCE_COLOR") is not None:
+            return os.environ["FORCE_COLOR"] != ""
+        isatty = getattr(self._options.get("file") or sys.stdout, "isatty", None)
+        try:
+            return bool(isatty and isatty())
+        except ValueError:  # a closed stream is no terminal
+            return False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.rich, name)
@@ -57,12 +79,28 @@ class LazyConsole:
         self.rich.__exit__(*exc)
 
 
+class StyledLine:
+    """Text and (text, style) parts, never read as markup: rich's `Text` where its styles show (a terminal),
+    else written as plain text by the console without importing rich."""
+
+    def __init__(self, parts: tuple[str | tuple[str, str], ...]) -> None:
+        self.parts = parts
+
+    @property
+    def plain(self) -> str:
+        return "".join(part if isinstance(part, str) else part[0] for part in self.parts)
+
+    def __rich__(self) -> Any:
+        from rich.text import Text
+
+        return Text.assemble(*self.parts)
+
+
 def line(*parts: str | tuple[str, str]) -> Any:
     """A line of text and (text, style) parts whose text is printed as it is, never read as markup;
     plain text that rich would not change stays a `str`, which the console writes without importing
-    rich (LazyConsole: a deploy that sends nothing never imports it)."""
+    rich (LazyConsole: a deploy that sends nothing never imports it), and styled parts import it only
+    where the styles show."""
     if all(isinstance(p, str) and not RICH_SYNTAX.search(p) for p in parts):
         return "".join(parts)  # type: ignore[arg-type]
-    from rich.text import Text
-
-    return Text.assemble(*parts)
+    return StyledLine(parts)

@@ -17,11 +17,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.needs import need
 from tests.slurm_fixtures import slurm  # noqa: F401 (the session's Slurm cluster, a fixture)
+from benchmarks.harness.checkout import Bench, copy_checkout
 from benchmarks.harness.sshd import SshServer, SshServerError, free_port as _free_port, require_openssh, start_server
 
 LOOPBACK_ONLY_ENV = "AERIE_TEST_ONLY_LOOPBACK"
@@ -93,6 +95,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", BACKENDS_MARKER)
     # Before pytest-socket reads its options: loopback only, whatever the command line says.
     if config.getoption("--force-enable-socket"):
         raise pytest.UsageError("aerie's tests reach loopback only: --force-enable-socket is refused")
@@ -154,3 +157,37 @@ def ssh_server_factory(tmp_path: Path, hermetic_environment: dict[str, str]) -> 
 def free_port() -> int:
     """A port on 127.0.0.1 that nothing listens on: connecting to it is refused at once."""
     return _free_port()
+
+
+BACKENDS_MARKER = ("backends(*names, **host_settings): each test of it that takes `bench` runs once per backend "
+                   "(local, ssh, slurm); a keyword named after a backend holds `host:` keys for that one only, any "
+                   "other keyword `host:` keys for all")
+
+
+def _backends(marker: pytest.Mark | None) -> list[tuple[str, dict[str, Any]]]:
+    """The `backends` marker's backends, each with its `host:` keys; none: the local backend alone."""
+    if marker is None:
+        return [("local", {})]
+    shared = {key: value for key, value in marker.kwargs.items() if key not in marker.args}
+    return [(name, {**shared, **marker.kwargs.get(name, {})}) for name in marker.args]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """`bench` once per backend of the test's `backends` marker (its module's `pytestmark`, or its own)."""
+    choices = _backends(metafunc.definition.get_closest_marker("backends"))
+    if "bench" in metafunc.fixturenames and len(choices) > 1:
+        params = [pytest.param(choice, id=choice[0], marks=[pytest.mark.slurm] if choice[0] == "slurm" else [])
+                  for choice in choices]
+        metafunc.parametrize("bench", params, indirect=True)
+
+
+@pytest.fixture
+def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Bench:
+    """A private copy of the checkout and an empty host root, on the local backend unless the test's
+    `backends` marker names others; the ssh backend rides the session's sshd, slurm its cluster."""
+    backend, host_settings = getattr(request, "param", None) or _backends(request.node.get_closest_marker("backends"))[0]
+    sshd = request.getfixturevalue("sshd") if backend == "ssh" else None
+    made = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", backend, sshd, host_settings=dict(host_settings))
+    if backend == "slurm":  # jobs sbatched on the test cluster; the login node is this machine
+        made.slurm = request.getfixturevalue("slurm")
+    return made

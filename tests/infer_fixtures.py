@@ -6,27 +6,28 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from benchmarks.harness.infer_servers import (  # noqa: F401 (the infer tests import them from here too)
     Server, build_tiny_model, make_prompts, offline_env, stage_env, write_prep,
 )
+from tests.helpers.session import built_once
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+def tiny_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return built_once(request, lambda: build_tiny_model(tmp_path_factory.mktemp("tiny-model")))
 
 
 @pytest.fixture(scope="session")
-def live_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server(tiny_model, tmp_path_factory.mktemp("server") / "server.log").start()
-    yield server
-    server.stop()
+def live_server(request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Server:
+    """`transformers serve` of the tiny model, started once a session and stopped as it ends."""
+    return built_once(request, lambda: Server(tiny_model, tmp_path_factory.mktemp("server") / "server.log").start(),
+                      stop=Server.stop)
 
 
 def subprocess_env(extra: dict[str, str]) -> dict[str, str]:

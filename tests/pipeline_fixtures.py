@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from benchmarks.harness.stage_settings import complete
+from tests.helpers.session import built_once
 
 REPO = Path(__file__).resolve().parent.parent
 #: The tiny target's layers: 4 decoder layers, so valid aux ids are 0..2.
@@ -24,27 +25,33 @@ TINY_LAYERS = [0, 1, 2]
 
 
 @pytest.fixture(scope="session")
-def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama (hidden 64, 4 layers) with the Kimi-style tiny tokenizer, built once."""
     from remote.demo.tiny_model import build_model, tokenizer_vocab_size
     from remote.demo.tiny_tokenizer import build_tokenizer
 
-    path = tmp_path_factory.mktemp("tiny-target")
-    build_tokenizer(path)
-    build_model(path, tokenizer_vocab_size(path))
-    return path
+    def build() -> Path:
+        path = tmp_path_factory.mktemp("tiny-target")
+        build_tokenizer(path)
+        build_model(path, tokenizer_vocab_size(path))
+        return path
+
+    return built_once(request, build)
 
 
 @pytest.fixture(scope="session")
-def demo_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def demo_target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny tokenizer and reciting Llama, built offline the way `inv demo` builds them (`remote assets`)."""
     from remote.demo import tiny_model
     from remote.demo.tiny_tokenizer import build_tokenizer
 
-    path = tmp_path_factory.mktemp("demo-target")
-    build_tokenizer(path)
-    tiny_model.main([str(path), "--tokenizer", str(path), "--recite", tiny_model.DEMO_RECITAL])
-    return path
+    def build() -> Path:
+        path = tmp_path_factory.mktemp("demo-target")
+        build_tokenizer(path)
+        tiny_model.main([str(path), "--tokenizer", str(path), "--recite", tiny_model.DEMO_RECITAL])
+        return path
+
+    return built_once(request, build)
 
 
 def vocab_size(model_dir: Path) -> int:
@@ -145,28 +152,34 @@ RECORDS = 10
 
 
 @pytest.fixture(scope="session")
-def extracted(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def extracted(request: pytest.FixtureRequest, tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The extract stage, run once as a subprocess over 10 prep records: its root, env, records and result."""
-    root = tmp_path_factory.mktemp("aerie-root")
-    records = make_records(RECORDS, vocab_size(tiny_target))
-    write_prep(root / "data" / "A1", records)
-    env = stage_env(root, "extract", EXTRACT_SETTINGS, {"target": {"model": str(tiny_target)}})
-    result = run_stage("extract", env)
-    return {"root": root, "env": env, "records": records, "result": result}
+    def build() -> dict[str, Any]:
+        root = tmp_path_factory.mktemp("aerie-root")
+        records = make_records(RECORDS, vocab_size(tiny_target))
+        write_prep(root / "data" / "A1", records)
+        env = stage_env(root, "extract", EXTRACT_SETTINGS, {"target": {"model": str(tiny_target)}})
+        result = run_stage("extract", env)
+        return {"root": root, "env": env, "records": records, "result": result}
+
+    return built_once(request, build)
 
 
 @pytest.fixture(scope="session")
-def kimi_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def kimi_target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Kimi-K2.5-shaped target (multimodal wrapper around a DeepseekV3 MoE with MLA), built once."""
     from tests.tiny_kimi import build_kimi_model
     from remote.demo.tiny_model import copy_tokenizer, tokenizer_vocab_size
     from remote.demo.tiny_tokenizer import build_tokenizer
 
-    tokenizer = tmp_path_factory.mktemp("kimi-tokenizer")
-    build_tokenizer(tokenizer)
-    path = build_kimi_model(tmp_path_factory.mktemp("kimi-target"), tokenizer_vocab_size(tokenizer))
-    copy_tokenizer(tokenizer, path)
-    return path
+    def build() -> Path:
+        tokenizer = tmp_path_factory.mktemp("kimi-tokenizer")
+        build_tokenizer(tokenizer)
+        path = build_kimi_model(tmp_path_factory.mktemp("kimi-target"), tokenizer_vocab_size(tokenizer))
+        copy_tokenizer(tokenizer, path)
+        return path
+
+    return built_once(request, build)
 
 
 def text_vocab_size(model_dir: Path) -> int:

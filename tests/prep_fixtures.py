@@ -15,6 +15,7 @@ import pytest
 from remote.prep.preparer import Prepared, Preparer
 from remote.prep.prep_settings import Target
 from remote.demo.tiny_tokenizer import build_tokenizer
+from tests.helpers.session import built_once
 from tests.needs import need
 from tests.settings import prep_settings
 
@@ -23,8 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tokenizer(tmp_path_factory.mktemp("tiny-tokenizer"))
+def tiny_tokenizer_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return built_once(request, lambda: build_tokenizer(tmp_path_factory.mktemp("tiny-tokenizer")))
 
 
 @pytest.fixture(scope="session")

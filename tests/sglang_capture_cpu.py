@@ -275,6 +275,13 @@ def main(argv: list[str]) -> None:
         answer = PROBES[argv[1]](*json.loads(argv[2]) if len(argv) > 2 else [])
         print("PROBE " + json.dumps(answer), flush=True)
         return
+    if argv[:1] == ["--probes"]:  # several questions, {name: [probe, *args]}, asked of one SGLang import
+        import json
+
+        install_stubs()
+        answers = {name: PROBES[probe](*args) for name, (probe, *args) in json.loads(argv[1]).items()}
+        print("PROBE " + json.dumps(answers), flush=True)
+        return
     if argv[:1] != ["-m"] or len(argv) < 2:
         raise SystemExit("usage: sglang_capture_cpu.py -m MODULE ARGS...")
     module = argv[1]

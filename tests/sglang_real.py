@@ -304,11 +304,11 @@ class Child:
 
 
 @pytest.fixture(scope="session")
-def sglang() -> Iterator[Child]:
+def sglang(request: pytest.FixtureRequest) -> Child:
     """The pinned real SGLang, imported once per test worker in a child process."""
-    child = Child()
-    yield child
-    child.close()
+    from tests.helpers.session import built_once  # here: this file is also the child's script
+
+    return built_once(request, Child, stop=Child.close)
 
 
 def serve() -> None:

@@ -19,19 +19,7 @@ from benchmarks.harness.checkout import SAMPLES, Bench, copy_checkout
 from benchmarks.harness.json_http import JSONHandler
 from remote import readiness
 from remote.eagle3.model_config import of
-
-LLAMA = "LlamaForCausalLM"
-
-
-def target_files(path: Path, num_layers: int = 4, arch: str = LLAMA) -> Path:
-    """A target directory: the demo's real tiny tokenizer, and the config.json of a `num_layers`-layer `arch`."""
-    from remote.demo.tiny_tokenizer import build_tokenizer
-
-    if not (path / "tokenizer_config.json").exists():
-        build_tokenizer(path)
-    (path / "config.json").write_text(json.dumps({"architectures": [arch], "hidden_size": 64, "vocab_size": 785,
-                                                  "num_hidden_layers": num_layers}))
-    return path
+from tests.helpers.targets import LLAMA, target_files
 
 
 def bench_for(tmp_path: Path, backend: str = "local", sshd=None) -> Bench:  # noqa: ANN001

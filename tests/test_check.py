@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from benchmarks.harness.checkout import Bench, copy_checkout
+from benchmarks.harness.checkout import Bench
 from benchmarks.harness.json_http import JSONHandler
 
 pytestmark = pytest.mark.e2e  # `inv check` as typed, against a stand-in server
@@ -32,11 +32,6 @@ def sglang_like(info: dict[str, Any]) -> Iterator[str]:
     server.shutdown()
 
 
-@pytest.fixture
-def bench(tmp_path: Path) -> Bench:
-    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local")
-
-
 def draft_dir(tmp_path: Path, layers: list[int]) -> Path:
     draft = tmp_path / "draft"
     draft.mkdir()
@@ -46,7 +41,7 @@ def draft_dir(tmp_path: Path, layers: list[int]) -> Path:
 
 
 def check_with(bench: Bench, info: dict[str, Any], layers: list[int]):  # noqa: ANN201
-    from tests.test_before_the_run import target_files
+    from tests.helpers.targets import target_files
 
     target = target_files(bench.root.parent / "target", num_layers=61)
     for url in sglang_like(info):
@@ -79,7 +74,7 @@ def test_check_passes_a_consistent_server_and_lists_packages(bench: Bench, tmp_p
 
 def test_the_disk_check_sizes_the_states_as_the_plan_does_in_the_configured_dtype(tmp_path: Path) -> None:
     from remote import preflight, sizing
-    from tests.test_plan import KIMI_BYTES_PER_TOKEN, kimi_config, prep_manifest, request
+    from tests.helpers.plans import KIMI_BYTES_PER_TOKEN, kimi_config, prep_manifest, request
 
     prep_manifest(tmp_path, "A", 1000, 3_000_000)
     prep_manifest(tmp_path, "B", 1000, 1_000_000, stage="tokenize")

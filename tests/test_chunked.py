@@ -16,7 +16,7 @@ import pytest
 from remote.orchestration import chunk_plan, chunked
 from remote.eagle3 import StageInputError
 from benchmarks.harness.stage_settings import complete
-from tests.test_reporting import read_events
+from tests.helpers.events import read_events
 from tests.pipeline_fixtures import REPO, TINY_LAYERS, make_records, stage_env, tiny_target, vocab_size, write_prep
 
 __all__ = ["tiny_target"]  # fixtures used below

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 
-from local.console import LazyConsole
+from local.console import LazyConsole, line
 from benchmarks.harness.checkout import REPO
 
 
@@ -44,3 +45,18 @@ def test_a_command_exits_with_its_code_and_without_collecting_the_garbage_of_its
             "print('done', flush=True); sys.exit(3)\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert (done.returncode, done.stdout, done.stderr) == (3, "done\n", "")
+
+
+def test_a_styled_line_is_plain_text_without_rich_where_its_styles_would_not_show() -> None:
+    code = ("import sys; from local.console import console, line; c = console(); "
+            "c.print(line(('  change', 'yellow'), ' remote/a.py [x] :y:')); print('rich' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
+                          env={k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")})
+    assert done.stdout == "  change remote/a.py [x] :y:\nFalse\n"
+
+
+def test_a_styled_line_shows_its_styles_through_rich_on_a_terminal() -> None:
+    out = io.StringIO()
+    console = LazyConsole(file=out, width=80, force_terminal=True, color_system="standard")
+    console.print(line(("  change", "yellow"), " remote/a.py [x]"))
+    assert out.getvalue() == "\x1b[33m  change\x1b[0m remote/a.py [x]\n"

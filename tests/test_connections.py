@@ -9,14 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.harness.checkout import Bench, copy_checkout
+from benchmarks.harness.checkout import Bench
 
-pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def bench(tmp_path: Path, sshd) -> Bench:  # noqa: ANN001
-    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "ssh", sshd)
+pytestmark = [pytest.mark.e2e, pytest.mark.backends("ssh")]
 
 
 def test_an_unknown_host_key_is_refused_until_trusted_by_fingerprint(bench: Bench, ssh_server_factory) -> None:  # noqa: ANN001

@@ -16,23 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import Bench, wait_for
 
-pytestmark = pytest.mark.e2e
 SYSTEM_PYTHON = "/usr/bin/python3"
-
-
-@pytest.fixture(params=["local", "ssh", pytest.param("slurm", marks=pytest.mark.slurm)])
-def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Bench:
-    backend = request.param
-    sshd = request.getfixturevalue("sshd") if backend == "ssh" else None
-    bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", backend, sshd)
-    if backend == "slurm":  # jobs sbatched on the test cluster; the login node is this machine
-        bench.slurm = request.getfixturevalue("slurm")
-    if backend == "ssh" and os.path.exists(SYSTEM_PYTHON):
-        # The host's bare Python: the control plane needs nothing but the standard library.
-        bench.python = SYSTEM_PYTHON
-    return bench
+# On ssh the host's bare Python, where there is one: the control plane needs nothing but the standard library.
+pytestmark = [pytest.mark.e2e, pytest.mark.backends(
+    "local", "ssh", "slurm", ssh={"python": SYSTEM_PYTHON} if os.path.exists(SYSTEM_PYTHON) else {})]
 
 
 def released_files(bench: Bench) -> set[str]:

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from benchmarks.harness.checkout import REPO, SCRIPTED, Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import REPO, SCRIPTED, Bench, wait_for
 from tests.infer_fixtures import ScriptedServer, Server, live_server, tiny_model  # noqa: F401 (session fixtures, built once)
 from tests.prep_fixtures import tiny_tokenizer_dir  # noqa: F401 (a session fixture, built once)
 
@@ -19,11 +18,6 @@ pytestmark = pytest.mark.e2e
 SAMPLE = REPO / "inventories" / "samples" / "sharegpt.jsonl"
 PROMPTS = REPO / "inventories" / "samples" / "prompts_alpaca.jsonl"
 ENDED = {"succeeded", "empty", "failed", "died", "stopped"}
-
-
-@pytest.fixture
-def bench(tmp_path: Path) -> Bench:
-    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local")
 
 
 def many_rows(path: Path, count: int) -> Path:

@@ -22,52 +22,19 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from remote.demo import tiny_model
 from benchmarks.harness.checkout import REPO, Bench, copy_checkout
 from tests.pipeline_fixtures import demo_target  # noqa: F401 — a fixture
+from tests.helpers.demo import DEMO, demo_inventory
 
+# NOTE: the demo's own backend only (inventories/local.yaml): every stage's launch, supervision and managed server
+# over SSH are the scripted-stage tests' (test_pipeline, test_run_ends, test_control_plane), and a real stage
+# there test_prep_e2e's; the host's Python is this virtualenv's, for torch and transformers.
 pytestmark = pytest.mark.e2e
 
-SAMPLES = REPO / "inventories" / "samples"
-DATASETS = {"chat": ("sharegpt.jsonl", "native"), "asks": ("prompts_alpaca.jsonl", "prompts")}
 EXPECTED_JOBS = {"chat/prep", "chat/extract", "asks/prep", "asks/infer", "asks/tokenize", "asks/extract",
                  "draft/train", "pipeline/run"}
-DEMO = yaml.safe_load((REPO / "inventories" / "local.yaml").read_text())
-#: What the demo trains its draft with, and its host's environment (one torch thread per job).
-DEMO_TRAIN, DEMO_ENV = DEMO["stages"]["train"], DEMO["host"]["env"]
-
-
-@pytest.fixture(params=["local", "ssh"])
-def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Bench:
-    sshd = request.getfixturevalue("sshd") if request.param == "ssh" else None
-    # NOTE: the host's Python is this virtualenv's on both backends: the stages need torch and transformers.
-    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", request.param, sshd)
-
-
-def demo_inventory(bench: Bench, model: Path, port: int) -> None:
-    """Like inventories/local.yaml, with the test's own root, model and port, and less work."""
-    stages = {
-        "prep": {"max_length": 512},
-        "infer": {
-            "server_command": (f"{{python}} -m transformers.cli.transformers serve {model} --host 127.0.0.1 "
-                               f"--port {port} --device cpu --dtype float32 --log-level warning"),
-            "server_url": f"http://127.0.0.1:{port}/v1",
-            "server_env": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
-            "server_start_timeout": 240,
-            "model": str(model),
-            "concurrency": 4,
-            "max_tokens": 24,
-            "temperature": 0,
-        },
-        "extract": {"layers": [0, 1, 2], "dtype": "float32"},
-        "train": DEMO_TRAIN,
-    }
-    datasets = {name: {"source": str(SAMPLES / file), "kind": kind, "sample": str(SAMPLES / file)}
-                for name, (file, kind) in DATASETS.items()}
-    bench.host_settings["env"] = DEMO_ENV
-    bench.inventory(datasets, stages, target={"tokenizer": str(model), "model": str(model)})
 
 
 def is_listening(port: int) -> bool:

@@ -122,7 +122,7 @@ def test_a_corrupt_or_failing_entry_is_not_reused(tmp_path: Path) -> None:
 
 
 @pytest.mark.e2e
-def test_deploy_validates_only_what_changed_and_never_imports_transformers_when_cached(
+def test_deploy_validates_only_what_changed_and_imports_neither_transformers_nor_rich_when_cached(
         tmp_path: Path, tiny_tokenizer_dir: Path) -> None:  # noqa: F811
     bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local")
     sample = tmp_path / "sharegpt.jsonl"
@@ -131,7 +131,7 @@ def test_deploy_validates_only_what_changed_and_never_imports_transformers_when_
                      "B": {"source": "records=1", "kind": "native"}},
                     target={"tokenizer": str(tiny_tokenizer_dir)})
     tripwire, log = tmp_path / "tripwire", tmp_path / "imports.log"
-    for package in ("transformers", "torch"):
+    for package in ("transformers", "torch", "rich"):
         (tripwire / package).mkdir(parents=True)
         (tripwire / package / "__init__.py").write_text(TRIPWIRE)
     env = {"AERIE_TRIPWIRE_LOG": str(log), "PYTHONPATH": f"{tripwire}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -149,7 +149,7 @@ def test_deploy_validates_only_what_changed_and_never_imports_transformers_when_
 
     again, imported = deploy()
     assert "validated (cached): A, B" in again and "prep over local samples" not in again
-    assert imported == set()  # neither `inv` nor anything it started imported transformers or torch
+    assert imported == set()  # neither `inv` nor anything it started imported transformers, torch or rich
 
     sample.write_text(sample.read_text() + sample.read_text().splitlines()[0] + "\n")
     only_a, _ = deploy()

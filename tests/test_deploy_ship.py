@@ -5,14 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.harness.checkout import SCRIPTED, Bench, copy_checkout
+from benchmarks.harness.checkout import SCRIPTED, Bench
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def bench(tmp_path) -> Bench:  # noqa: ANN001
-    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local")
 
 
 def releases(bench: Bench) -> set[str]:

@@ -16,7 +16,7 @@ import yaml
 
 from tests.kimi_headers import build_kimi_k25_headers
 from tests.pipeline_fixtures import REPO
-from tests.test_kimi_sizing import eight_h200
+from tests.helpers.eight_h200 import eight_h200
 
 __all__ = ["eight_h200"]  # a fixture
 

@@ -206,7 +206,7 @@ def _hint_of(table: str, dataset: str, stage: str) -> str:
 @pytest.mark.e2e
 def test_a_stopped_tokenize_job_s_hint_typed_starts_it(tmp_path: Path, free_port: int) -> None:
     from benchmarks.harness.checkout import Bench, copy_checkout
-    from tests.test_pipeline import pipeline_inventory, wait_pipeline
+    from tests.helpers.pipelines import pipeline_inventory, wait_pipeline
 
     bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local", None)
     plans = tmp_path / "plans"

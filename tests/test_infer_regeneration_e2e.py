@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from benchmarks.harness.checkout import SCRIPTED, Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import SCRIPTED, Bench, wait_for
 from tests.infer_fixtures import ScriptedServer, echo_target, read_jsonl, stage_env
 from tests.prep_fixtures import KIMI_DIR, kimi_tokenizer
 from tests.regeneration_rows import WEATHER, write_rows
@@ -28,10 +28,9 @@ pytestmark = pytest.mark.e2e
 ENDED = {"succeeded", "empty", "failed", "died", "stopped", "blocked"}
 
 
-@pytest.fixture
-def bench(tmp_path: Path) -> Bench:
-    kimi_tokenizer()  # skips where Kimi-K2.5's tokenizer is absent
-    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local")
+@pytest.fixture(autouse=True)
+def _kimi_tokenizer_here() -> None:
+    kimi_tokenizer()  # skips where Kimi-K2.5's tokenizer is absent, before a checkout is copied
 
 
 def inventory(bench: Bench, rows: Path, server: ScriptedServer, **infer_settings: Any) -> None:

@@ -8,56 +8,20 @@ on from; each run measures the draft it starts from as epoch 0.
 from __future__ import annotations
 
 import json
-import random
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from remote.control_plane.progress import Progress
 from remote.eagle3 import StageInputError
 from remote.eagle3.init_draft import aerie_name
 from remote.stages import train
-from tests.pipeline_fixtures import (
-    EXTRACT_SETTINGS, REPO, context, demo_target, run_stage, stage_env, vocab_size, write_prep,
-)
+from tests.pipeline_fixtures import context, demo_target, run_stage, vocab_size
+from tests.helpers.recital import demo_states, train_env
 
-__all__ = ["demo_target"]  # a fixture
-
-DEMO_TRAIN = yaml.safe_load((REPO / "inventories" / "local.yaml").read_text())["stages"]["train"]
-#: The demo's settings, with enough held-out records to measure on.
-SETTINGS = {**DEMO_TRAIN, "eval_records": 4}
-
-
-def recital_records(target: Path, count: int = 14, seed: int = 0) -> list[dict]:
-    """Records as the demo's target answers: a prompt of any tokens, then its greedy answer (the recital, looped)."""
-    recite = json.loads((target / "recital.json").read_text())["ids"]
-    rng, vocab = random.Random(seed), vocab_size(target)
-    records = []
-    for i in range(count):
-        prompt = [rng.randrange(vocab) for _ in range(rng.randint(4, 10))]
-        answer = (recite * 8)[:rng.randint(20, 36)]  # after a token it does not recite, the recital from its start
-        records.append({"id": f"r{i:04d}", "input_ids": prompt + answer, "loss_mask": [0] * len(prompt) + [1] * len(answer)})
-    return records
-
-
-@pytest.fixture(scope="module")
-def demo_states(demo_target: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """extract over the demo target's own answers (float32, layers 0..2), once."""
-    root = tmp_path_factory.mktemp("init-draft-root")
-    write_prep(root / "data" / "A1", recital_records(demo_target))
-    env = stage_env(root, "extract", EXTRACT_SETTINGS, {"target": {"model": str(demo_target)}})
-    result = run_stage("extract", env)
-    assert result.returncode == 0, result.stderr
-    return {"root": root, "extract": env["AERIE_OUTPUT"], "target": demo_target}
-
-
-def train_env(states: dict, name: str, **settings) -> dict:
-    env = stage_env(states["root"], "train", {**SETTINGS, **settings}, {"target": {"model": str(states["target"])}}, dataset=name)
-    env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [states["extract"]]})
-    return env
+__all__ = ["demo_states", "demo_target"]  # fixtures
 
 
 def run_train(states: dict, name: str, **settings) -> dict:

@@ -26,7 +26,7 @@ import pytest
 
 from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
 from local.tasks import deployment
-from tests.test_pipeline import pipeline_inventory
+from tests.helpers.pipelines import pipeline_inventory
 
 pytestmark = pytest.mark.e2e
 

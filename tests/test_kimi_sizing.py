@@ -15,31 +15,14 @@ from remote.vocabulary import plan_texts
 from remote.eagle3 import StageInputError, target_memory
 from tests.kimi_headers import TEXT_CONFIG, build_kimi_k25_headers
 from tests.pipeline_fixtures import make_records, run_stage, stage_env, write_prep
+from tests.helpers.eight_h200 import eight_h200  # noqa: F401 (a fixture)
 
 H200_MIB = 143_771
-STAND_IN = """#!/bin/sh
-# A stand-in for nvidia-smi on an 8 x H200 host: the query aerie makes, answered from fixed CSV.
-case "$1" in
-  --query-gpu=*) for i in 0 1 2 3 4 5 6 7; do printf '%s, GPU-%s, 0, 1, 143771\\n' "$i" "$i"; done ;;
-  --query-compute-apps=*) ;;
-  *) exit 9 ;;
-esac
-"""
 
 
 @pytest.fixture(scope="module")
 def kimi_k25(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_kimi_k25_headers(tmp_path_factory.mktemp("kimi-k25-headers"))
-
-
-@pytest.fixture
-def eight_h200(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "nvidia-smi").write_text(STAND_IN)
-    (bin_dir / "nvidia-smi").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
-    return bin_dir
 
 
 @pytest.mark.e2e  # the 64 headers take seconds to write and read

@@ -159,15 +159,8 @@ def test_a_stage_writing_200_mb_leaves_a_capped_log_whose_end_logs_shows(tmp_pat
     assert b"record 1\n" in shown
 
 
-@pytest.fixture(params=["local", "ssh"])
-def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    from benchmarks.harness.checkout import Bench, copy_checkout
-
-    sshd = request.getfixturevalue("sshd") if request.param == "ssh" else None
-    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", request.param, sshd)
-
-
 @pytest.mark.e2e
+@pytest.mark.backends("local", "ssh")
 def test_the_inventorys_log_limit_caps_a_jobs_log_and_inv_logs_shows_its_end(bench: Any) -> None:
     command = f"yes 0123456789 | head -c 20000000; {{python}} {SCRIPTED}"
     bench.inventory({"A": {"source": "records=1", "kind": "native"}}, {"prep": {"command": command, "log_limit": "1M"}})

@@ -62,7 +62,7 @@ def webhook() -> Iterator[Webhook]:
 @pytest.mark.e2e
 def test_one_notification_per_run_end_with_its_state_and_counts_and_the_url_nowhere_on_the_host(
         tmp_path: Path, sshd, webhook: Webhook) -> None:  # noqa: ANN001
-    from tests.test_pipeline import wait_pipeline
+    from tests.helpers.pipelines import wait_pipeline
 
     bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "ssh", sshd)
     plans = tmp_path / "plans"

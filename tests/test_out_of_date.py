@@ -176,22 +176,15 @@ def edit_eval(bench: object, **settings: object) -> None:
 
 def measured_steps(journal_path: Path) -> set[int]:
     """The `--speculative-num-steps` of every server the stand-in answered with a draft."""
-    from tests.test_eval import TOKENS, journal
+    from tests.helpers.evals import TOKENS, journal
 
     return {a["num_steps"] for a in journal(journal_path) if a["max_new_tokens"] == TOKENS and a["num_steps"]}
-
-
-@pytest.fixture
-def bench(tmp_path: Path) -> object:
-    from benchmarks.harness.checkout import Bench, copy_checkout
-
-    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local")
 
 
 @pytest.mark.e2e
 def test_inv_eval_measures_an_edited_grid_and_says_an_unchanged_one_is_up_to_date_until_forced(
         bench: object, tmp_path: Path, free_port: int) -> None:
-    from tests.test_eval import GRID, eval_inventory, journal
+    from tests.helpers.evals import GRID, eval_inventory, journal
 
     setup = eval_inventory(bench, tmp_path, free_port, accept=0.8, grid=GRID[:1])
     bench.inv("eval", timeout=120)
@@ -221,7 +214,7 @@ def test_inv_eval_measures_an_edited_grid_and_says_an_unchanged_one_is_up_to_dat
 @pytest.mark.e2e
 def test_a_new_measurement_that_fails_leaves_the_last_report_as_it_was(
         bench: object, tmp_path: Path, free_port: int) -> None:
-    from tests.test_eval import GRID, eval_inventory
+    from tests.helpers.evals import GRID, eval_inventory
 
     setup = eval_inventory(bench, tmp_path, free_port, accept=0.8, grid=GRID[:1])
     bench.inv("eval", timeout=120)
@@ -242,7 +235,7 @@ def test_a_new_measurement_that_fails_leaves_the_last_report_as_it_was(
 
 @pytest.mark.e2e
 def test_inv_run_runs_again_only_what_is_out_of_date_and_force_runs_every_job(bench: object, free_port: int) -> None:
-    from tests.test_pipeline import pipeline_inventory, traces, wait_pipeline
+    from tests.helpers.pipelines import pipeline_inventory, traces, wait_pipeline
 
     plans = bench.root.parent / "plans"
     pipeline_inventory(bench, plans, free_port, {"A": "native"})

@@ -13,23 +13,17 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from benchmarks.harness.checkout import SCRIPTED, Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import SCRIPTED, Bench, wait_for
 from tests.pipeline_fixtures import demo_target  # noqa: F401 — a fixture
-from tests.test_pipeline import pipeline_inventory, traces, wait_pipeline
+from tests.helpers.pipelines import pipeline_inventory, traces, wait_pipeline
 
 pytestmark = pytest.mark.e2e
 
 TERMINAL = {"succeeded", "failed", "died", "stopped", "blocked", "empty"}
-
-
-@pytest.fixture
-def bench(tmp_path: Path) -> Bench:
-    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local", None)
 
 
 def pipeline_log(bench: Bench) -> str:
@@ -207,7 +201,7 @@ def extract_alone(bench: Bench, dataset: str, tokens: Path, settings: dict, targ
 @pytest.mark.timeout(900)  # the real stages of eight datasets, then each extracted again alone, on two busy cores
 def test_four_prompts_and_four_native_datasets_make_one_server_start_and_one_target_load_storing_the_same_states(
         bench: Bench, demo_target: Path, free_port: int) -> None:  # noqa: F811
-    from tests.test_demo import SAMPLES, demo_inventory
+    from tests.helpers.demo import SAMPLES, demo_inventory
 
     plans = bench.root.parent / "plans"
     plans.mkdir()

@@ -8,47 +8,15 @@ own tests and test_demo.py cover that with the tiny model).
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from benchmarks.harness.checkout import SCRIPTED, Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import Bench, wait_for
+from tests.helpers.pipelines import pipeline_inventory, traces, wait_pipeline
 
-pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(params=["local", "ssh"])
-def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Bench:
-    sshd = request.getfixturevalue("sshd") if request.param == "ssh" else None
-    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", request.param, sshd)
-
-
-def pipeline_inventory(bench: Bench, plans: Path, port: int, kinds: dict[str, str]) -> None:
-    """Every stage runs the scripted stage; the managed "server" is Python's http.server on `port`."""
-    plans.mkdir(exist_ok=True)
-    (plans / "health").write_text("ok")
-    command = f"{{python}} {SCRIPTED} {plans}"
-    stages = {name: {"command": command} for name in ("prep", "extract", "train")}
-    stages["infer"] = {
-        "command": command,
-        "server_command": f"{sys.executable} -m http.server {port} --bind 127.0.0.1 --directory {plans}",
-        "server_url": f"http://127.0.0.1:{port}/v1",
-        "server_start_timeout": 30,
-    }
-    bench.inventory({name: {"source": f"{name}.data", "kind": kind} for name, kind in kinds.items()}, stages)
-
-
-def traces(plans: Path) -> dict[str, dict[str, float]]:
-    return {p.stem: json.loads(p.read_text()) for p in (plans / "trace").glob("*.json")}
-
-
-def wait_pipeline(bench: Bench, timeout: float = 90) -> dict[str, dict]:
-    bench.wait_state("pipeline/run", {"succeeded", "failed", "died", "stopped"}, timeout=timeout)
-    return bench.poll()
+pytestmark = [pytest.mark.e2e, pytest.mark.backends("local", "ssh")]
 
 
 def test_run_follows_the_dag_and_never_shares_the_gpu(bench: Bench, free_port: int) -> None:

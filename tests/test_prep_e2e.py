@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from benchmarks.harness.checkout import REPO, Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import REPO, Bench, wait_for
 from tests.prep_fixtures import tiny_tokenizer_dir  # noqa: F401 (a session fixture, built once)
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.backends("local", "ssh")]
+# NOTE: the host's Python is this virtualenv's on both backends: prep needs transformers.
 
 SAMPLES = REPO / "inventories" / "samples"
 UNKNOWN_ROLES = REPO / "tests" / "fixtures" / "prep" / "unknown_roles.jsonl"
@@ -31,13 +32,6 @@ GOOD = {
     "question": ("prompts_question.jsonl", "prompts"),
 }
 TERMINAL = {"succeeded", "empty", "failed", "died", "stopped"}
-
-
-@pytest.fixture(params=["local", "ssh"])
-def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Bench:
-    sshd = request.getfixturevalue("sshd") if request.param == "ssh" else None
-    # NOTE: the host's Python is this virtualenv's on both backends: prep needs transformers.
-    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", request.param, sshd)
 
 
 def rows_of(path: Path) -> int:

@@ -17,15 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness.checkout import SCRIPTED, Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import SCRIPTED, Bench, wait_for
 
-pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(params=["local", "ssh"])
-def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Bench:
-    sshd = request.getfixturevalue("sshd") if request.param == "ssh" else None
-    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", request.param, sshd)
+pytestmark = [pytest.mark.e2e, pytest.mark.backends("local", "ssh")]
 
 
 def pipeline_inventory(bench: Bench, plans: Path, port: int) -> None:

@@ -14,6 +14,7 @@ from remote.eagle3 import StageInputError, reporting, specforge
 from remote.control_plane.progress import Progress
 from remote.stages import train
 from tests.pipeline_fixtures import REPO, TINY_LAYERS, context, crash_after, extracted, run_stage, stage_env, tiny_target
+from tests.helpers.events import read_events
 
 __all__ = ["extracted", "tiny_target"]  # fixtures used below
 
@@ -26,15 +27,6 @@ def train_env(extracted: dict, target: Path, dataset: str, **settings) -> dict:
     env = stage_env(extracted["root"], "train", {**SETTINGS, **settings}, {"target": {"model": str(target)}}, dataset=dataset)
     env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [extracted["env"]["AERIE_OUTPUT"]]})
     return env
-
-
-def read_events(logdir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar TensorBoard shows for `logdir`, as (step, value) per tag, read by TensorBoard's own loader."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(logdir), size_guidance={"scalars": 0})  # 0: keep every point
-    events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
 def assert_events_are_the_run(output: Path) -> dict[str, list[tuple[int, float]]]:

@@ -18,17 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness.checkout import SAMPLES, SCRIPTED, Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import SAMPLES, SCRIPTED, Bench, wait_for
 from tests.infer_fixtures import ScriptedServer
 from tests.prep_fixtures import tiny_tokenizer_dir  # noqa: F401 (a session fixture, built once)
 
-pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(params=["local", "ssh"])
-def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Bench:
-    sshd = request.getfixturevalue("sshd") if request.param == "ssh" else None
-    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", request.param, sshd)
+pytestmark = [pytest.mark.e2e, pytest.mark.backends("local", "ssh")]
 
 
 def follower(bench: Bench, *args: str) -> subprocess.Popen[str]:
@@ -82,7 +76,7 @@ def test_a_pipeline_whose_infer_fails_every_request_ends_blocked_and_follow_exit
 
 
 def test_rerun_failed_relaunches_the_failure_then_every_job_blocked_behind_it(bench: Bench, free_port: int) -> None:
-    from tests.test_pipeline import pipeline_inventory, wait_pipeline
+    from tests.helpers.pipelines import pipeline_inventory, wait_pipeline
 
     plans = bench.root.parent / "plans"
     pipeline_inventory(bench, plans, free_port, {"A": "native", "B": "prompts"})
@@ -104,7 +98,7 @@ def test_rerun_failed_relaunches_the_failure_then_every_job_blocked_behind_it(be
 
 
 def test_follow_piped_prints_a_line_per_change_while_the_run_goes_on_and_exits(bench: Bench, free_port: int) -> None:
-    from tests.test_pipeline import pipeline_inventory
+    from tests.helpers.pipelines import pipeline_inventory
 
     plans = bench.root.parent / "plans"
     pipeline_inventory(bench, plans, free_port, {"A": "native"})

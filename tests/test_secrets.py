@@ -80,18 +80,16 @@ def secret_inventory(bench: Bench, plans: Path, port: int, tokens: dict[str, str
     bench.inventory({"B": {"source": "B.data", "kind": "prompts"}}, stages, secrets=["AERIE_T_WANDB"])
 
 
-@pytest.fixture
-def bench(tmp_path: Path, sshd) -> Bench:  # noqa: ANN001 (the session's sshd)
-    # NOTE: control_persist 0: no shared connection outlives a command, so once `inv run` has returned
-    # nothing of the workstation is connected to the host.
-    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "ssh", sshd,
-                 host_settings={"control_persist": 0})
+# NOTE: control_persist 0: no shared connection outlives a command, so once `inv run` has returned
+# nothing of the workstation is connected to the host.
+ON_SSH_UNSHARED = pytest.mark.backends("ssh", control_persist=0)
 
 
 @pytest.mark.e2e
+@ON_SSH_UNSHARED
 def test_a_secret_reaches_the_server_and_a_job_started_after_the_laptop_left_and_is_stored_or_shown_nowhere(
         bench: Bench, free_port: int, tokens: dict[str, str]) -> None:
-    from tests.test_pipeline import wait_pipeline
+    from tests.helpers.pipelines import wait_pipeline
 
     plans = bench.root.parent / "plans"
     secret_inventory(bench, plans, free_port, tokens)
@@ -121,6 +119,7 @@ def test_a_secret_reaches_the_server_and_a_job_started_after_the_laptop_left_and
 
 
 @pytest.mark.e2e
+@ON_SSH_UNSHARED
 def test_a_secret_unset_here_is_one_line_before_anything_starts(bench: Bench, free_port: int,
                                                                  tokens: dict[str, str],
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:

@@ -44,38 +44,49 @@ def sglang_settings(beside: Path, **more) -> dict:
             "specforge_env": {"PYTHONPATH": str(beside), **more.pop("env", {})}, **more}
 
 
-def probe(beside: Path, name: str, *args) -> dict:
-    """One of tests/sglang_capture_cpu.py's probes, in the SpecForge environment."""
+#: The probe tests share one process that imports SGLang 0.5.14 (`answers`): one xdist worker runs them all.
+PROBES = pytest.mark.xdist_group("sglang-0.5.14-probes")
+
+
+@pytest.fixture(scope="module")
+def answers(beside: Path, kimi_target: Path) -> dict:
+    """tests/sglang_capture_cpu.py's probes, asked in the SpecForge environment of one process."""
+    server_args = ["server_args", str(kimi_target), 8, "bfloat16", True]
+    questions = {"versions": ["versions"], "signatures": ["signatures"],
+                 "accepted": [*server_args, {"mem_fraction_static": 0.85}], "refused": [*server_args, {"mem_fraction": 0.85}]}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(beside), str(REPO)])}
-    done = subprocess.run([sys.executable, str(CPU_PYTHON), "--probe", name, json.dumps(list(args))], cwd=REPO, env=env,
+    done = subprocess.run([sys.executable, str(CPU_PYTHON), "--probes", json.dumps(questions)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
-    answers = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
-    assert done.returncode == 0 and answers, done.stderr[-3000:]
-    return json.loads(answers[-1][len("PROBE "):])
+    lines = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    return json.loads(lines[-1][len("PROBE "):])
 
 
-def test_the_capture_environment_is_specforge_s_pinned_sglang_and_transformers_beside_the_others(beside: Path) -> None:
+@PROBES
+def test_the_capture_environment_is_specforge_s_pinned_sglang_and_transformers_beside_the_others(answers: dict) -> None:
     from importlib.metadata import version  # the test process never imports SGLang: it reads the metadata
 
-    assert probe(beside, "versions") == {"sglang": "0.5.14", "transformers": "5.8.1", "specforge": "0.2.0"}
+    assert answers["versions"] == {"sglang": "0.5.14", "transformers": "5.8.1", "specforge": "0.2.0"}
     assert version("sglang") == "0.5.23"  # the eval and parser tests' SGLang is still there, untouched
 
 
-def test_the_cpu_backend_takes_exactly_the_arguments_of_specforge_s_real_capture_backend(beside: Path) -> None:
-    shapes = probe(beside, "signatures")
+@PROBES
+def test_the_cpu_backend_takes_exactly_the_arguments_of_specforge_s_real_capture_backend(answers: dict) -> None:
+    shapes = answers["signatures"]
     assert set(shapes) == {"__init__", "build", "set_capture_layers", "capture"}
     for name, both in shapes.items():
         assert both["cpu"] == both["real"], name
 
 
+@PROBES
 def test_sglang_0_5_14_accepts_the_server_args_the_real_backend_builds_for_a_kimi_target_on_eight_gpus(
-    beside: Path, kimi_target: Path
+    answers: dict
 ) -> None:
-    accepted = probe(beside, "server_args", str(kimi_target), 8, "bfloat16", True, {"mem_fraction_static": 0.85})
+    accepted = answers["accepted"]
     assert accepted["args"]["tp_size"] == "8" and accepted["args"]["device"] == "cuda"
     assert accepted["args"]["enable_return_hidden_states"] == "True" and accepted["args"]["disable_cuda_graph"] == "True"
     assert accepted["args"]["mem_fraction_static"] == "0.85" and accepted["args"]["dtype"] == "torch.bfloat16"
-    refused = probe(beside, "server_args", str(kimi_target), 8, "bfloat16", True, {"mem_fraction": 0.85})
+    refused = answers["refused"]
     assert "mem_fraction" in refused["refused"] and refused["refused"].startswith("TypeError")
 
 

@@ -14,17 +14,12 @@ from typing import Any
 
 import pytest
 
-from benchmarks.harness.checkout import SAMPLES, SCRIPTED, Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import SAMPLES, SCRIPTED, Bench, wait_for
 from benchmarks.harness.slurm_cluster import SlurmCluster
 from benchmarks.harness.sshd import SshServer
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
+pytestmark = [pytest.mark.e2e, pytest.mark.slurm, pytest.mark.backends("slurm")]
 ENDED = {"succeeded", "failed", "empty", "died", "stopped"}
-
-
-@pytest.fixture
-def bench(tmp_path: Path, slurm: SlurmCluster) -> Bench:
-    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "slurm")
 
 
 def slurm_inventory(bench: Bench, slurm: SlurmCluster, datasets: dict[str, str], plans: Path | None = None,

@@ -87,9 +87,13 @@ def test_cancel_ends_a_running_job_as_cancelled(submit: Submit, slurm: SlurmClus
 
 def test_cancel_of_an_ended_or_unknown_job_is_not_an_error(submit: Submit) -> None:
     job_id = submit("true")
-    wait_for(job_id, lambda job: job.job_state.is_terminal())
+    ended = wait_for(job_id, lambda job: job.job_state.is_terminal())
 
-    remote.control_plane.slurm.cancel([job_id, "999999"])
+    remote.control_plane.slurm.cancel([job_id, "999999"])  # raises SlurmError on any complaint but these two
+
+    after = remote.control_plane.slurm.query([job_id, "999999"])
+    assert set(after) == {job_id}, "an unknown id is never made a job"
+    assert (after[job_id].state, after[job_id].exit_code) == (ended.state, ended.exit_code) == ("COMPLETED", 0)
 
 
 def test_a_job_slurmctld_has_forgotten_is_read_from_the_job_completion_log(submit: Submit, slurm: SlurmCluster) -> None:

@@ -17,15 +17,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
-from tests.test_status_extras import STAND_IN
+from tests.helpers.busy_gpus import STAND_IN
 
-pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(params=["local", "ssh"])
-def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Bench:
-    sshd = request.getfixturevalue("sshd") if request.param == "ssh" else None
-    return Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", request.param, sshd)
+pytestmark = [pytest.mark.e2e, pytest.mark.backends("local", "ssh")]
 
 
 def test_a_running_job_with_a_known_total_has_eta_s_in_json_and_an_eta_in_the_table(bench: Bench) -> None:
@@ -68,7 +62,7 @@ def test_gpus_appear_with_their_holder_when_the_host_has_nvidia_smi(tmp_path: Pa
 
 
 def test_an_inv_run_pipeline_has_a_time_left_for_the_whole_run(tmp_path: Path, free_port: int) -> None:
-    from tests.test_pipeline import pipeline_inventory
+    from tests.helpers.pipelines import pipeline_inventory
 
     bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local", None)
     plans = tmp_path / "plans"

@@ -23,15 +23,7 @@ from remote.prep.count import estimate_rows
 from remote.prep.load import Source
 from remote.control_plane.progress import Progress
 from benchmarks.harness.checkout import wait_for
-
-STAND_IN = """#!/bin/sh
-# A stand-in for nvidia-smi: the two queries aerie makes, answered from fixed CSV.
-case "$1" in
-  --query-gpu=*) printf '0, GPU-aaa, 97, 70000, 81559\\n1, GPU-bbb, 0, 1, 81559\\n' ;;
-  --query-compute-apps=*) printf '%s, GPU-aaa, 69000\\n' "$(cat "$(dirname "$0")/pid")" ;;
-  *) exit 9 ;;
-esac
-"""
+from tests.helpers.busy_gpus import STAND_IN
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from remote.eagle3.epochs import EpochRecord
 from remote.stages import train
 from tests.pipeline_fixtures import context, crash_after, demo_target, run_stage
 from tests.sglang_real import sglang
-from tests.test_init_draft import demo_states, train_env
+from tests.helpers.recital import demo_states, train_env
 
 __all__ = ["demo_states", "demo_target", "sglang"]  # fixtures
 
@@ -96,7 +96,7 @@ def test_each_rank_takes_its_own_records_of_a_global_batch_and_a_short_last_batc
 
 def test_unset_nproc_is_every_gpu_cuda_visible_devices_leaves_and_one_without_gpus(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.test_kimi_sizing import STAND_IN
+    from tests.helpers.eight_h200 import STAND_IN
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
     assert distributed.resolve_nproc(None) == 1 and distributed.resolve_nproc(3) == 3
@@ -132,7 +132,7 @@ def test_a_rank_killed_mid_epoch_fails_the_job_and_inv_rerun_failed_resumes_it_t
     import signal
 
     from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
-    from tests.test_init_draft import SETTINGS
+    from tests.helpers.recital import SETTINGS
 
     bench = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", "local")
     data = bench.root / "data" / "A1"

@@ -26,12 +26,17 @@ SAMPLES = {"native": REPO / "inventories/samples/sharegpt.jsonl", "prompts": REP
 
 
 def copy_checkout(target: Path) -> Path:
-    """A private copy of the checkout, so a test may edit remote/ and deploy the change."""
+    """A private copy of the checkout, so a test may edit remote/ and deploy the change.
+
+    The bytecode Python cached for the checkout comes along, the sources' times kept: Python takes
+    it as current, so a copy's first `inv` does not compile aerie's modules again (an edited module,
+    its time and size changed, is compiled afresh). Nothing deployed carries it: a deploy sends sources.
+    """
     target.mkdir(parents=True, exist_ok=True)
     for part in CHECKOUT_PARTS:
         source = REPO / part
         if source.is_dir():
-            shutil.copytree(source, target / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(source, target / part)
         else:
             shutil.copy2(source, target / part)
     return target

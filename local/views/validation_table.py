@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from local.console import line
 from local.visible import visible, visible_all
 
 if TYPE_CHECKING:
@@ -47,17 +48,22 @@ def _learned(entry: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def show(console: Console, fresh: list[dict[str, Any]], reused: list[str]) -> None:
-    """The table, the cached datasets' names, the notes and each dataset's details: every value `visible`."""
-    from rich.text import Text
+    """The table, the cached datasets' names, the notes and each dataset's details: every value `visible`.
 
+    Only what was validated now needs rich: the cached datasets' line is plain text, which the console writes
+    without importing it (a deploy that validates nothing and sends nothing never does)."""
     if fresh:
         console.print(render(fresh))
     if reused:
-        console.print(f"validated (cached): {names_text(reused)} (`--revalidate` checks again)")
+        console.print(line(f"validated (cached): {names_text(reused)} (`--revalidate` checks again)"))
+    if not fresh:
+        return
+    from rich.text import Text
+
     for note in sorted({e["note"] for e in fresh if e.get("note")}):  # a cached entry's note was shown before
         console.print(Text.assemble(("note:", "yellow"), " ", visible(note)))
-    for line in filter(None, map(details, fresh)):  # a dropped field's name is a row's key: the data's
-        console.print(Text(visible(line)))
+    for detail in filter(None, map(details, fresh)):  # a dropped field's name is a row's key: the data's
+        console.print(Text(visible(detail)))
 
 
 #: How each kind of `tool_declarations` reads (`remote.prep.template.tool_declaration`).

@@ -1,0 +1,1 @@
+"""What several test modules share: helpers imported from here, never from another `tests/test_*` module."""
