@@ -16,20 +16,11 @@ from remote.eagle3.shards import ShardStore
 from remote.orchestration import chunked, resident
 from remote.stages import StageContext
 from tests.pipeline_fixtures import TINY_LAYERS, extracted, tiny_target
+from tests.helpers.notes import Notes
 
 __all__ = ["extracted", "tiny_target"]  # fixtures used below
 
 TRAIN = {"draft_vocab_size": 200, "epochs": 1, "batch_size": 2, "learning_rate": 3e-3, "ttt_steps": 2, "checkpoint_every": 2}
-
-
-class Notes(Progress):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def note(self, text: str) -> None:
-        self.lines.append(text)
-        super().note(text)
 
 
 def chunked_context(tmp_path: Path, train: dict, target: Path | None = None) -> StageContext:

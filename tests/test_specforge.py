@@ -26,6 +26,7 @@ from remote.eagle3 import specforge
 from remote.eagle3.target import read_embed_and_head, read_shape
 from remote.control_plane.progress import Progress
 from remote.stages import train
+from tests.helpers.notes import Notes
 from tests.pipeline_fixtures import (
     EXTRACT_SETTINGS, REPO, TINY_LAYERS, context, extracted, make_records, run_stage, stage_env, tiny_target, vocab_size,
     write_prep,
@@ -101,16 +102,6 @@ def assert_sglang_draft(out: Path, target: Path) -> None:
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == TINY_LAYERS
     embed, _ = read_embed_and_head(read_shape(target))
     checkpoint.load(out / "draft", embed)  # strict: a missing or renamed weight fails
-
-
-class Notes(Progress):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def note(self, text: str) -> None:
-        self.lines.append(text)
-        super().note(text)
 
 
 @pytest.mark.timeout(900)

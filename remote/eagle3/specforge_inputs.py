@@ -43,13 +43,9 @@ def _linked(files: list[Path], directory: Path) -> Path:
         # NOTE: links to files, not to shard folders: SpecForge's os.walk does not descend a linked folder.
         name = "-".join(path.parts[-4:-3] + path.parts[-2:])  # <dataset>-<shard>-<file>
         os.symlink(path.resolve(), tmp / name)
-    old = directory.with_name(f".{directory.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if directory.exists():
-        os.replace(directory, old)
-    os.replace(tmp, directory)
-    shutil.rmtree(old, ignore_errors=True)
-    return directory
+    from remote.eagle3.checkpoint import promote  # here: torch, which it imports, only once SpecForge is to run
+
+    return promote(tmp, directory)
 
 
 def conversations(ctx: Any) -> Path:
