@@ -135,3 +135,40 @@ def test_a_model_the_server_refuses_fails_infer_with_the_servers_words_and_rerun
     prompts = sum(1 for line in PROMPTS.read_text().splitlines() if line.strip())
     answered = (bench.root / "data" / "B" / "infer" / "conversations.jsonl").read_text().splitlines()
     assert len(answered) == done["records"] == prompts, "every refused prompt was asked again"
+
+
+def test_a_rerun_whose_fix_is_itself_wrong_is_refused_in_one_line_before_anything_is_relaunched(
+        bench: Bench, tmp_path: Path) -> None:
+    """`inv rerun --failed` makes the checks `inv run` makes of the inventory as it is now: a layer id the target
+    does not have is one line, and the failed run stays as it was until the fix is right."""
+    from tests.helpers.targets import target_files
+
+    target = target_files(tmp_path / "target", num_layers=4)  # layer ids 0..2
+    plans, fixed = tmp_path / "plans", tmp_path / "fixed"
+    plans.mkdir()
+    (plans / "A.prep").write_text(f"records=1 exit=2 unless={fixed}")
+    scripted = {"command": f"{{python}} {SCRIPTED} {plans}"}
+
+    def inventory(layers: list[int]) -> None:
+        bench.inventory({"A": {"source": "A.data", "kind": "native"}}, {"prep": scripted, "train": scripted,
+                                                                         "extract": {"layers": layers}},
+                        target={"model": str(target), "tokenizer": str(target)})
+
+    inventory([0, 1, 2])
+    bench.inv("deploy")
+    bench.inv("run")
+    assert bench.wait_state("pipeline/run", ENDED, timeout=120)["state"] == "failed"
+    failed_at = bench.poll()["A/prep"]["ended_at"]
+
+    fixed.write_text("")
+    inventory([0, 1, 3])  # the prep fixed, and a layer the target does not have
+    refused = bench.inv("rerun", "--failed", check=False)
+    [said] = [x for x in refused.stderr.splitlines() if x.strip()]
+    assert refused.returncode == 2 and "nothing was started" in said and "[3] out of range" in said, refused.stderr
+    jobs = bench.poll()
+    assert (jobs["pipeline/run"]["state"], jobs["A/prep"]["state"], jobs["A/prep"]["ended_at"]) == ("failed", "failed", failed_at)
+
+    inventory([0, 1, 2])
+    assert "relaunched pipeline/run" in bench.inv("rerun", "--failed").stdout
+    assert bench.wait_state("A/prep", ENDED, timeout=120)["state"] == "succeeded"
+    bench.inv("stop", "--all")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from local.console import line
 from local.jobs import pipeline, specs
+from local.tasks import planning
 from local.visible import VisibleStream, visible
 from remote.vocabulary.layout import job_key
 from remote.vocabulary.states import BAD, DRAFT, RUNNER
@@ -69,7 +70,10 @@ def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages
                "stages": stages}
     results = host.call("rerun", **request, rebuild=True)
     if isinstance(results, dict):  # the host asks for the last `inv run`'s pipeline, rebuilt: then it reruns
-        results = host.call("rerun", **request, **rebuilt_pipeline(host, console, results["rebuild"]))
+        rebuilt = rebuilt_pipeline(host, console, results["rebuild"])
+        if rebuilt:  # checked as `inv run` checks it: a fix that is itself wrong is told now, not by failed jobs
+            planning.require_ready(host, results["rebuild"]["datasets"])
+        results = host.call("rerun", **request, **rebuilt)
     relaunched = [r for r in results if r["launched"]]
     report(console, relaunched, "relaunched")
     report_changes(console, relaunched)

@@ -95,12 +95,25 @@ def require(host: RemoteHost, names: list[str] | None = None) -> dict[str, Any]:
     the configured extract engine cannot hold the target, or what `remote/readiness.py` found wrong (a layer id,
     the target, the inference server)."""
     result = ask(host, names)
-    if result.get("refusals"):
-        raise AerieError(f"{host.name}: nothing was started: " + "; ".join(result["refusals"]))
+    refuse_unready(host, result)
     why = refusal(result) or engine_refusal(result)
     if why:
         raise AerieError(f"{host.name}: {why}")
     return result
+
+
+def refuse_unready(host: RemoteHost, result: dict[str, Any]) -> None:
+    """What `remote/readiness.py` found wrong in the plan `result` (a layer id, the target, the inference
+    server), refused in one line."""
+    if result.get("refusals"):
+        raise AerieError(f"{host.name}: nothing was started: " + "; ".join(result["refusals"]))
+
+
+def require_ready(host: RemoteHost, names: list[str]) -> None:
+    """Before a rerun relaunches the last `inv run`'s pipeline with the inventory as it is now: the checks
+    `inv run` makes of the target, its layers and the inference server (not the route's fit: the rerun
+    keeps the last run's route). No sample estimates: what is wrong does not wait on token counts."""
+    refuse_unready(host, host.call_sent("plan", **request(host.inventory, host.root, names=names)))
 
 
 def resolve(host: RemoteHost, names: list[str] | None = None, console: Console | None = None) -> str:
