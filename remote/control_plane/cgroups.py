@@ -42,16 +42,21 @@ def mount_point() -> Path | None:
     return None
 
 
-def base(mount: Path) -> Path | None:
-    """The cgroup a job's cgroup is made in: this process's, less aerie's own job cgroups."""
+def own_parts() -> list[str] | None:
+    """The path of this process's cgroup under the v2 mount, as its parts; None where it cannot be read."""
     try:
         lines = OWN.read_text().splitlines()
     except OSError:
         return None
     own = next((line[3:] for line in lines if line.startswith("0::")), None)
-    if own is None:
+    return None if own is None else [part for part in own.strip("/").split("/") if part]
+
+
+def base(mount: Path) -> Path | None:
+    """The cgroup a job's cgroup is made in: this process's, less aerie's own job cgroups."""
+    parts = own_parts()
+    if parts is None:
         return None
-    parts = [part for part in own.strip("/").split("/") if part]
     while parts and parts[-1].startswith(PREFIX):
         parts.pop()
     return mount.joinpath(*parts)
@@ -91,12 +96,8 @@ def enter(name: str, pid: int = 0) -> str | None:
 
 def placed(path: str | None) -> str | None:
     """`path`, if it is the cgroup this process is in (where its launcher placed it), else None."""
-    mount = mount_point()
-    try:
-        own = next(line[3:] for line in OWN.read_text().splitlines() if line.startswith("0::"))
-    except (OSError, StopIteration):
-        return None
-    return path if path and mount is not None and str(mount.joinpath(*own.strip("/").split("/"))) == path else None
+    mount, parts = mount_point(), own_parts()
+    return path if path and mount is not None and parts is not None and str(mount.joinpath(*parts)) == path else None
 
 
 def probe() -> tuple[bool, str]:
