@@ -200,3 +200,30 @@ def test_deploy_then_rerun_in_one_invocation_connects_once(tmp_path: Path, herme
         assert accepted() - before == 2
     finally:
         server.stop()
+
+
+def test_the_plans_estimates_read_a_pass_deploy_cached_and_validate_only_what_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from local.inventory.schema import validate as schema
+    from local.tasks import planning
+    from local.validation import samples
+
+    sample = tmp_path / "sample.jsonl"
+    sample.write_bytes(SAMPLES["native"].read_bytes())
+    inventory = schema({"backend": "local", "host": {"root": str(tmp_path / "root")},
+                        "datasets": {"A": {"source": "a", "kind": "native", "sample": str(sample)}}})
+    cache = ValidationCache(tmp_path / "cache")
+    monkeypatch.setattr(samples, "ValidationCache", lambda: cache)
+    passed = {"dataset": "A", "kind": "native", "formats": {"sharegpt": 3}, "rows": 3, "kept": 3, "skipped": 0,
+              "skip_reasons": {}, "mean_tokens": 41.5, "error": None}
+    cache.put(keys(samples.request(inventory))["A"], passed)
+    asked: list[list[str] | None] = []
+
+    def validated(inventory: Any, names: list[str] | None = None) -> list[dict[str, Any]]:
+        asked.append(names)
+        return [{**passed, "mean_tokens": 99.0}]
+
+    monkeypatch.setattr(samples, "validate", validated)
+    assert planning.estimates(inventory) == {"A": {"rows": 3, "kept": 3, "mean_tokens": 41.5}} and asked == []
+    sample.write_text(sample.read_text() + sample.read_text().splitlines()[0] + "\n")
+    assert planning.estimates(inventory)["A"]["mean_tokens"] == 99.0 and asked == [["A"]]

@@ -78,6 +78,18 @@ def test_prompts_validate_without_a_tokenizer():
     assert (entry["kept"], entry["error"], entry["mean_tokens"]) == (2, None, None)
 
 
+def test_the_tokenizer_is_loaded_once_and_only_when_a_sample_is_there_to_read(tmp_path, monkeypatch):
+    from remote.prep.prep_settings import Target
+
+    loads = []
+    monkeypatch.setattr(Target, "load", lambda self: loads.append(self.tokenizer))
+    nothing = _request(tmp_path / "tokenizer", A={"kind": "native"}, B={"kind": "native", "sample": str(tmp_path / "gone.jsonl")})
+    assert [bool(e["error"]) for e in validate(nothing)] == [True, True] and loads == []
+    two = _request(tmp_path / "tokenizer", A={"kind": "prompts", "sample": str(SAMPLES / "prompts_alpaca.jsonl")},
+                   B={"kind": "prompts", "sample": str(SAMPLES / "prompts_question.jsonl")})
+    assert [e["error"] for e in validate(two)] == [None, None] and loads == [str(tmp_path / "tokenizer")]
+
+
 def test_validate_cli_refuses_a_request_that_is_not_json():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-m", "remote.prep.validate", "{oops"], capture_output=True, text=True, env=env, timeout=60)

@@ -73,12 +73,12 @@ def validate(inventory: Inventory, names: list[str] | None = None) -> list[dict[
         raise AerieError(f"inv validate could not run prep here: {(result.stderr.strip() or 'no output').splitlines()[-1]}")
 
 
-def check(inventory: Inventory, console: Console, as_json: bool = False, cached: bool = False,
-          cache: ValidationCache | None = None) -> list[dict[str, Any]]:
-    """Validate and show; an `AerieError` names every dataset that would give zero records.
+def through_cache(inventory: Inventory, cached: bool = True, cache: ValidationCache | None = None
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Every dataset's entry, in the inventory's order; the fresh ones; the reused ones by name.
 
     `cached`: a dataset that passed with the same inputs before (see local/validation/cache.py)
-    is not validated again, and is only named. Every pass is stored either way.
+    is not validated again. Every pass is stored either way.
     """
     cache = cache or ValidationCache()
     key = keys(request(inventory))
@@ -88,7 +88,16 @@ def check(inventory: Inventory, console: Console, as_json: bool = False, cached:
     for entry in fresh:
         cache.put(key.get(entry["dataset"]), entry)
     by_name = {e["dataset"]: e for e in fresh}
-    entries = [reused.get(name) or by_name[name] for name in inventory.datasets]
+    return [reused.get(name) or by_name[name] for name in inventory.datasets], fresh, reused
+
+
+def check(inventory: Inventory, console: Console, as_json: bool = False, cached: bool = False,
+          cache: ValidationCache | None = None) -> list[dict[str, Any]]:
+    """Validate and show; an `AerieError` names every dataset that would give zero records.
+
+    `cached`: a dataset that passed with the same inputs before is not validated again, and is only named.
+    """
+    entries, fresh, reused = through_cache(inventory, cached, cache)
     if as_json:
         print(json.dumps(entries, indent=2))  # JSON escapes every control character itself
     else:

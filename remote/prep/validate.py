@@ -16,6 +16,7 @@ the workstation decides what fails. Nothing is written to disk.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from dataclasses import replace
@@ -37,21 +38,27 @@ def validate(request: dict[str, Any]) -> list[dict[str, Any]]:
         settings = replace(PrepSettings.from_config(request.get("stage") or {}), num_proc=1)
     except PrepError as exc:
         return [_error(name, ds, str(exc)) for name, ds in (request.get("datasets") or {}).items()]
-    tokenizer, tokenizer_error = _tokenizer(target)
+    tokenizer = functools.cache(lambda: _tokenizer(target))  # loaded for the first sample there is to read
     entries = []
     for name, dataset in (request.get("datasets") or {}).items():
         kind = dataset.get("kind", "native")
         try:
-            summary = _check(name, dataset, kind, target, settings, tokenizer)
+            source = _sample(name, dataset)
+            summary = _check(source, name, kind, target, settings, tokenizer()[0])
         except PrepError as exc:
             entries.append(_error(name, dataset, str(exc)))
             continue
-        note = f"tokens not counted: {tokenizer_error}" if tokenizer_error else None
+        note = f"tokens not counted: {tokenizer()[1]}" if tokenizer()[1] else None
         entries.append({"dataset": name, "kind": kind, **summary.counts(), "error": None, "note": note})
     return entries
 
 
-def _check(name: str, dataset: dict[str, Any], kind: str, target: Target, settings: PrepSettings, tokenizer: Any) -> Summary:
+def _check(source: Source, name: str, kind: str, target: Target, settings: PrepSettings, tokenizer: Any) -> Summary:
+    return run_prep(iter_rows(source), (kind, name, target, settings, tokenizer, tokenizer is not None), settings)
+
+
+def _sample(name: str, dataset: dict[str, Any]) -> Source:
+    """The dataset's sample to read, or a `PrepError` saying why there is none."""
     sample = dataset.get("sample")
     if not sample:
         raise PrepError(f"datasets.{name} has no sample: set `sample` to a small local file")
@@ -60,8 +67,7 @@ def _check(name: str, dataset: dict[str, Any], kind: str, target: Target, settin
             raise PrepError(f"datasets.{name}.source: {sample} is not a file here, and datasets.{name} has no sample: "
                             "fix the path, or set `sample` to a small local file")
         raise PrepError(f"datasets.{name}.sample: {sample} does not exist")
-    source = Source(str(sample), limit=dataset.get("limit"))
-    return run_prep(iter_rows(source), (kind, name, target, settings, tokenizer, tokenizer is not None), settings)
+    return Source(str(sample), limit=dataset.get("limit"))
 
 
 def _tokenizer(target: Target) -> tuple[Any, str | None]:
