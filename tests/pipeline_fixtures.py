@@ -135,6 +135,32 @@ def run_stage(stage: str, env: dict[str, str], timeout: float = 300) -> subproce
     )
 
 
+#: One Python running a stage's entry point once per environment, as the supervisor would run it in each:
+#: the stage's imports paid once.
+EACH_ENV = """
+import json, os, sys
+stage = __import__(f"remote.stages.{sys.argv[1]}", fromlist=["main"])
+codes = []
+for env in json.load(sys.stdin):
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        stage.main()
+        codes.append(0)
+    except SystemExit as exc:
+        codes.append(exc.code if isinstance(exc.code, int) else 1)
+print(json.dumps(codes))
+"""
+
+
+def run_stage_each(stage: str, envs: list[dict[str, str]], timeout: float = 600) -> list[int]:
+    """``remote.stages.<stage>`` run once per environment of `envs`, in turn, in one process; their exit codes."""
+    done = subprocess.run([sys.executable, "-c", EACH_ENV, stage], cwd=REPO, env=envs[0], input=json.dumps(envs),
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 def read_progress(env: dict[str, str]) -> dict[str, Any]:
     return json.loads(Path(env["AERIE_PROGRESS"]).read_text())
 
