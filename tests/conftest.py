@@ -86,11 +86,42 @@ socket.getaddrinfo = _guarded_getaddrinfo
 MODEL_FIXTURES = frozenset({"tiny_target", "demo_target", "extracted", "kimi_target", "kimi_extracted", "trained"})
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the unit tier (`-m "not e2e"`) runs in under a minute
+#: Session services a worker starts on first use (`tests.helpers.session.built_once`): the tests that use one
+#: share a worker, so that the suite starts each once, not once per worker.
+SERVICES = {"slurm": "slurm-cluster", "sglang": "sglang-0.5.23", "live_server": "transformers-serve"}
+
+
+# NOTE: tryfirst: before `-m` deselects (the unit tier, `-m "not e2e"`, runs in under a minute) and before
+# xdist names the groups.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
+        group = worker_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    # The slowest first: on two cores a long end-to-end test started last would run on alone.
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+
+
+def worker_group(item: pytest.Item) -> str | None:
+    """The worker group `item` joins, if it has none of its own: a service it uses (`SERVICES`), else its
+    module's name when it uses a module-scoped fixture, so that the fixture is built once, not once per worker
+    that draws one of the module's tests (and again each time that worker comes back to the module)."""
+    if item.get_closest_marker("xdist_group") is not None:
+        return None
+    names = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("slurm") is not None:  # the bench of backend slurm asks for the cluster when it runs
+        names.add("slurm")
+    for fixture, group in SERVICES.items():
+        if fixture in names:
+            return group
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    if any(d.scope == "module" for chain in defs for d in chain):
+        return item.module.__name__ if getattr(item, "module", None) is not None else None
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)

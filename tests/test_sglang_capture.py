@@ -32,7 +32,7 @@ CPU_PYTHON = REPO / "tests" / "sglang_capture_cpu.py"
 BESIDE = REPO / ".venv" / "specforge-sglang"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # a path checked, shared by tests that need not share a worker
 def beside() -> Path:
     if not (BESIDE / "sglang").is_dir():
         raise RuntimeError(f"{BESIDE} is missing: run .ci/setup (it installs pyproject's [tool.aerie] specforge-sglang there)")
