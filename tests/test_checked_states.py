@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,10 +26,10 @@ from remote.eagle3.shards import BadState, ShardStore, load_sample
 from benchmarks.harness.checkout import REPO, wait_for
 from benchmarks.harness.stage_settings import complete
 from tests.pipeline_fixtures import (
-    EXTRACT_SETTINGS, make_records, run_stage, stage_env, tiny_target, vocab_size, write_prep,
+    EXTRACT_SETTINGS, extracted, make_records, run_stage, stage_env, tiny_target, vocab_size, write_prep,
 )
 
-__all__ = ["tiny_target"]  # fixtures used below
+__all__ = ["extracted", "tiny_target"]  # fixtures used below
 
 E2E = pytest.mark.e2e
 TRAIN_SETTINGS = {"draft_vocab_size": 200, "epochs": 1, "batch_size": 2, "ttt_steps": 2, "eval_records": 1}
@@ -59,19 +60,20 @@ def record_job(root: Path, dataset: str, stage: str, state: str) -> Path:
     return directory
 
 
-def extract_into(root: Path, target: Path, records: int = 10) -> dict[str, str]:
-    write_prep(root / "data" / "A1", make_records(records, vocab_size(target)))
-    env = stage_env(root, "extract", EXTRACT_SETTINGS, {"target": {"model": str(target)}})
-    result = run_stage("extract", env)
-    assert result.returncode == 0, result.stderr
-    return env
+def extract_into(root: Path, extracted: dict) -> dict[str, str]:
+    """The session's extraction of 10 records (`extracted`: the extract stage run once) copied under `root`,
+    for a test to read or damage; the extract stage's environment there, to run it again."""
+    assert extracted["result"].returncode == 0, extracted["result"].stderr
+    shutil.copytree(extracted["root"] / "data" / "A1", root / "data" / "A1")
+    shared = json.loads(extracted["env"]["AERIE_CONFIG"])["inventory"]  # the tiny target it was extracted with
+    return stage_env(root, "extract", EXTRACT_SETTINGS, shared)
 
 
 # -- what extract keeps, and what a reader checks ----------------------------------------------------
 
 
-def test_every_shard_keeps_each_files_size_and_checksum_and_a_clean_read_passes(tmp_path: Path, tiny_target: Path) -> None:
-    env = extract_into(tmp_path, tiny_target)
+def test_every_shard_keeps_each_files_size_and_checksum_and_a_clean_read_passes(tmp_path: Path, extracted: dict) -> None:
+    env = extract_into(tmp_path, extracted)
     store = ShardStore(Path(env["AERIE_OUTPUT"]))
     for index in store.complete_shards():
         meta = store.meta(index)
@@ -85,9 +87,9 @@ def test_every_shard_keeps_each_files_size_and_checksum_and_a_clean_read_passes(
 
 
 @pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
-def test_a_bad_file_is_named_in_one_line_and_its_shard_marked_for_extract_again(tmp_path: Path, tiny_target: Path,
+def test_a_bad_file_is_named_in_one_line_and_its_shard_marked_for_extract_again(tmp_path: Path, extracted: dict,
                                                                                 corruption: str) -> None:
-    env = extract_into(tmp_path, tiny_target)
+    env = extract_into(tmp_path, extracted)
     job = record_job(tmp_path, "A1", "extract", "succeeded")
     out = Path(env["AERIE_OUTPUT"])
     bad = out / "shard-00001" / "data_000000005.ckpt"
@@ -107,16 +109,16 @@ def test_a_bad_file_is_named_in_one_line_and_its_shard_marked_for_extract_again(
     assert ShardStore(out).complete_shards() == [0, 2]
 
 
-def test_verify_finds_a_bad_file_among_good_ones(tmp_path: Path, tiny_target: Path) -> None:
-    env = extract_into(tmp_path, tiny_target)
+def test_verify_finds_a_bad_file_among_good_ones(tmp_path: Path, extracted: dict) -> None:
+    env = extract_into(tmp_path, extracted)
     out = Path(env["AERIE_OUTPUT"])
     flip_bits(out / "shard-00002" / "data_000000009.ckpt")
     with pytest.raises(BadState, match="data_000000009.ckpt does not match its xxh3_64 checksum"):
         shards.verify(out)
 
 
-def test_shards_from_before_checksums_are_refused_with_extract_again(tmp_path: Path, tiny_target: Path) -> None:
-    env = extract_into(tmp_path, tiny_target)
+def test_shards_from_before_checksums_are_refused_with_extract_again(tmp_path: Path, extracted: dict) -> None:
+    env = extract_into(tmp_path, extracted)
     out = Path(env["AERIE_OUTPUT"])
     meta = out / "shard-00000" / "meta.json"
     old = {k: v for k, v in json.loads(meta.read_text()).items() if k in ("shard", "files", "ids")}
@@ -127,8 +129,8 @@ def test_shards_from_before_checksums_are_refused_with_extract_again(tmp_path: P
     assert ShardStore(out).complete_shards() == [1, 2]
 
 
-def test_the_hosts_check_verifies_a_datasets_states_on_demand(tmp_path: Path, tiny_target: Path) -> None:
-    extract_into(tmp_path, tiny_target)
+def test_the_hosts_check_verifies_a_datasets_states_on_demand(tmp_path: Path, extracted: dict) -> None:
+    extract_into(tmp_path, extracted)
     [good] = preflight.states(tmp_path, ["A1"])
     assert good["name"] == "states A1" and good["status"] == "ok" and good["detail"].startswith("10 files")
     truncate(tmp_path / "data" / "A1" / "extract" / "shard-00000" / "data_000000001.ckpt")
@@ -144,8 +146,8 @@ def test_the_hosts_check_verifies_a_datasets_states_on_demand(tmp_path: Path, ti
 @E2E
 @pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
 def test_train_fails_in_one_line_on_a_bad_file_and_extract_again_restores_a_clean_runs_states(
-        tmp_path: Path, tiny_target: Path, corruption: str) -> None:
-    env = extract_into(tmp_path, tiny_target)
+        tmp_path: Path, tiny_target: Path, extracted: dict, corruption: str) -> None:
+    env = extract_into(tmp_path, extracted)
     record_job(tmp_path, "A1", "extract", "succeeded")
     out = Path(env["AERIE_OUTPUT"])
     clean = {i: ShardStore(out).meta(i)["sums"] for i in ShardStore(out).complete_shards()}
@@ -312,12 +314,12 @@ def test_a_runner_that_cannot_write_its_own_records_ends_failed_in_one_line_and_
     assert runner_ended(root)["A1/train"]["state"] == "succeeded"
 
 
-def test_specforges_inputs_are_verified_before_specforge_reads_them(tmp_path: Path, tiny_target: Path) -> None:
+def test_specforges_inputs_are_verified_before_specforge_reads_them(tmp_path: Path, tiny_target: Path, extracted: dict) -> None:
     from remote.control_plane.progress import Progress
     from remote.eagle3 import specforge_engine
     from tests.pipeline_fixtures import context
 
-    extract_into(tmp_path, tiny_target)
+    extract_into(tmp_path, extracted)
     record_job(tmp_path, "A1", "extract", "succeeded")
     bad = tmp_path / "data" / "A1" / "extract" / "shard-00002" / "data_000000008.ckpt"
     flip_bits(bad)
@@ -327,8 +329,8 @@ def test_specforges_inputs_are_verified_before_specforge_reads_them(tmp_path: Pa
         specforge_engine.verify_states(ctx, Progress())
 
 
-def test_a_file_its_shard_lists_but_that_is_gone_is_named_as_missing(tmp_path: Path, tiny_target: Path) -> None:
-    env = extract_into(tmp_path, tiny_target)
+def test_a_file_its_shard_lists_but_that_is_gone_is_named_as_missing(tmp_path: Path, extracted: dict) -> None:
+    env = extract_into(tmp_path, extracted)
     gone = Path(env["AERIE_OUTPUT"]) / "shard-00000" / "data_000000002.ckpt"
     gone.unlink()
     with pytest.raises(BadState, match=f"{gone} is missing .* shard shard-00000 of "):
