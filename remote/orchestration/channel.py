@@ -16,7 +16,7 @@ import socket
 from typing import Any, Callable
 
 PORT_ENV, TOKEN_ENV = "AERIE_RANKS_PORT", "AERIE_RANKS_TOKEN"
-#: The launcher's pid, in each rank's environment: the rank dies with it (`dies_with`).
+#: The pid of the process that started this one (the job's, in the launcher; the launcher's, in a rank): it dies with it.
 PARENT_ENV = "AERIE_RANKS_PARENT"
 #: Linux's prctl option that sends a signal to a process when its parent ends.
 PR_SET_PDEATHSIG = 1
@@ -63,8 +63,8 @@ def connect(rank: int) -> Channel:
 
 
 def dies_with(parent: int, sig: signal.Signals) -> Callable[[], None]:
-    """A function that makes the process calling it get `sig` when `parent` ends (a `preexec_fn`, or called by
-    the process itself), or end now when `parent` has already gone: the ranks never outlive the job."""
+    """A function that makes the process calling it get `sig` when `parent` ends, or end now when `parent` has
+    already gone: the launcher and the ranks never outlive the job."""
     def arm() -> None:
         import ctypes
 

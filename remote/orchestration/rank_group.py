@@ -55,9 +55,9 @@ class RankGroup:
         token = secrets.token_hex(16)
         server = socket.create_server(("127.0.0.1", 0))
         server.settimeout(1.0)
-        env = {**os.environ, channel.PORT_ENV: str(server.getsockname()[1]), channel.TOKEN_ENV: token}
-        launcher = subprocess.Popen([sys.executable, "-m", "remote.orchestration.rank_group", str(nproc)], env=env,
-                                    preexec_fn=channel.dies_with(os.getpid(), signal.SIGTERM))
+        env = {**os.environ, channel.PORT_ENV: str(server.getsockname()[1]), channel.TOKEN_ENV: token,
+               channel.PARENT_ENV: str(os.getpid())}
+        launcher = subprocess.Popen([sys.executable, "-m", "remote.orchestration.rank_group", str(nproc)], env=env)
         try:
             channels = _accept(server, launcher, nproc, token, progress)
         except BaseException:
@@ -188,7 +188,9 @@ def main() -> None:
     """The launcher: torchrun's agent over ``argv[1]`` ranks of `remote.orchestration.resident_rank`."""
     from remote.eagle3 import distributed
 
-    os.environ[channel.PARENT_ENV] = str(os.getpid())
+    # NOTE: SIGTERM, not SIGKILL: torchrun's agent stops its ranks on it (they die with it too, `resident_rank`).
+    channel.dies_with(int(os.environ[channel.PARENT_ENV]), signal.SIGTERM)()
+    os.environ[channel.PARENT_ENV] = str(os.getpid())  # the ranks' parent
     raise SystemExit(distributed.launch("remote.orchestration.resident_rank", int(sys.argv[1])))
 
 
