@@ -165,7 +165,7 @@ class GroupTrainer:
         if self.group is None:
             self.group = RankGroup.start(self.nproc, self.progress)
             self.group.call("open", **self.spec)
-        self.group.call("run", inputs=[str(p) for p in inputs], epochs=epochs, name=name, seed=seed)
+        self.group.call("train", inputs=[str(p) for p in inputs], epochs=epochs, name=name, seed=seed)
 
     def measured(self) -> int | None:
         return None if self.group is None else self.group.call("measured")

@@ -3,7 +3,7 @@
 It joins the process group (NCCL on GPUs, gloo on the CPU), connects to the job
 (`remote.orchestration.channel`) and makes the job's commands on its own
 `remote.orchestration.resident.Trainer` until told to stop: ``open`` (the trainer, from the
-job's context and the settings sent), ``run`` (a chunk's pass), ``measured``, ``measure`` (an
+job's context and the settings sent), ``train`` (a chunk's pass), ``measured``, ``measure`` (an
 epoch, rank 0) and ``manifest``. Rank 0's progress calls go back to the job (`Forward`); a
 refusal is a reply (the job says it, once); anything else ends the rank, and the group with it.
 It dies with the launcher, and leaves when the job's end of the channel closes.
@@ -78,7 +78,7 @@ def open_trainer(spec: dict[str, Any], link: Channel, world: distributed.World) 
 
 def make(trainer: Any, do: str, args: dict[str, Any]) -> Any:
     """One command on this rank's trainer; its reply."""
-    if do == "run":
+    if do == "train":
         return trainer.run([Path(p) for p in args["inputs"]], args["epochs"], args["name"], args["seed"])
     if do == "measured":
         return trainer.measured()
