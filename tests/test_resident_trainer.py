@@ -160,8 +160,9 @@ def wait_gone(pids: set[int], timeout: float = 60.0) -> set[int]:
     return alive(pids)
 
 
+@pytest.mark.e2e  # a launcher and two ranks, started: seconds, not the unit tier's milliseconds
 @pytest.mark.timeout(180)
-def test_a_resident_group_of_ranks_ends_when_its_chunked_job_is_killed(tmp_path: Path) -> None:
+def test_a_resident_group_of_ranks_ends_when_its_chunked_job_is_killed() -> None:
     job, group = start_group_job()
     try:
         os.kill(job.pid, signal.SIGKILL)  # the job alone, as the OOM killer would: not its process group
@@ -173,8 +174,9 @@ def test_a_resident_group_of_ranks_ends_when_its_chunked_job_is_killed(tmp_path:
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.e2e  # a launcher and two ranks, started: seconds, not the unit tier's milliseconds
 @pytest.mark.timeout(180)
-def test_a_rank_that_dies_ends_the_group_and_the_job_in_one_line_naming_it(tmp_path: Path) -> None:
+def test_a_rank_that_dies_ends_the_group_and_the_job_in_one_line_naming_it() -> None:
     job, group = start_group_job()
     try:
         ranks = [pid for pid in group if "resident_rank" in Path(f"/proc/{pid}/cmdline").read_text()]
