@@ -33,7 +33,10 @@ class Channel:
 
     def fill(self) -> bool:
         """Read what has arrived (waiting for some); False once the other end has closed."""
-        data = self.sock.recv(1 << 16)
+        try:
+            data = self.sock.recv(1 << 16)
+        except ConnectionResetError:  # the other end ended with data unread: closed all the same
+            return False
         self.buffer += data
         return bool(data)
 

@@ -70,7 +70,10 @@ class RankGroup:
     def call(self, do: str, **args: Any) -> Any:
         """`do` made by every rank; rank 0's reply. A refusal (any rank's) is raised as this job's."""
         for link in self.channels:
-            link.send({"do": do, **args})
+            try:
+                link.send({"do": do, **args})
+            except OSError:  # that rank has gone
+                self._ended()
         replies: dict[int, dict[str, Any]] = {}
         for rank, message in self._messages(lambda: len(replies) == len(self.channels)):
             if "progress" in message and message["progress"] in PROGRESS_CALLS:
