@@ -10,7 +10,9 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -142,15 +144,22 @@ def alive(pids: set[int]) -> set[int]:
     return {pid for pid in pids if running(pid)}
 
 
-def start_group_job() -> tuple[subprocess.Popen, set[int]]:
-    """The group's job, once its ranks joined; the launcher and the ranks under it."""
+@contextmanager
+def group_job() -> Iterator[tuple[subprocess.Popen, set[int]]]:
+    """The group's job, once its ranks joined, and the launcher and ranks under it; all of them gone after."""
     job = subprocess.Popen([sys.executable, "-c", GROUP_JOB], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, start_new_session=True)
-    lines = iter(job.stdout.readline, "")
-    assert "ready" in (line.strip() for line in lines), job.stderr.read()  # (rank 0 says it joined, maybe first)
-    group = descendants(job.pid)
-    assert len(group) >= 3  # the launcher and its two ranks
-    return job, group
+    group: set[int] = set()
+    try:
+        lines = iter(job.stdout.readline, "")
+        assert "ready" in (line.strip() for line in lines), "the job ended before its ranks joined"
+        group = descendants(job.pid)
+        assert len(group) >= 3  # the launcher and its two ranks
+        yield job, group
+    finally:
+        for pid in alive({job.pid} | group | descendants(job.pid)):
+            os.kill(pid, signal.SIGKILL)
+        job.wait()
 
 
 def wait_gone(pids: set[int], timeout: float = 60.0) -> set[int]:
@@ -161,33 +170,23 @@ def wait_gone(pids: set[int], timeout: float = 60.0) -> set[int]:
 
 
 @pytest.mark.e2e  # a launcher and two ranks, started: seconds, not the unit tier's milliseconds
-@pytest.mark.timeout(180)
 def test_a_resident_group_of_ranks_ends_when_its_chunked_job_is_killed() -> None:
-    job, group = start_group_job()
-    try:
+    with group_job() as (job, group):
         os.kill(job.pid, signal.SIGKILL)  # the job alone, as the OOM killer would: not its process group
         job.wait()
 
         assert wait_gone(group) == set()  # no rank left behind it
-    finally:
-        for pid in alive(group):
-            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.e2e  # a launcher and two ranks, started: seconds, not the unit tier's milliseconds
-@pytest.mark.timeout(180)
 def test_a_rank_that_dies_ends_the_group_and_the_job_in_one_line_naming_it() -> None:
-    job, group = start_group_job()
-    try:
-        ranks = [pid for pid in group if "resident_rank" in Path(f"/proc/{pid}/cmdline").read_text()]
-        rank = next(pid for pid in ranks if "\x00RANK=1\x00" in Path(f"/proc/{pid}/environ").read_text())
-        os.kill(rank, signal.SIGKILL)
-        _, err = job.communicate(timeout=120)
+    with group_job() as (job, group):
+        ranks = {pid: Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") for pid in group
+                 if b"resident_rank" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+        os.kill(next(pid for pid, env in ranks.items() if b"RANK=1" in env), signal.SIGKILL)
+        _, err = job.communicate(timeout=240)
 
         assert job.returncode != 0
         assert err.strip().splitlines()[-1] == ("resident_rank: rank 1 of 2 was killed by SIGKILL; the others were "
                                                 "stopped (`inv rerun --failed` goes on from the last checkpoint)")
         assert wait_gone(group) == set()
-    finally:
-        for pid in alive(group):
-            os.kill(pid, signal.SIGKILL)
