@@ -219,8 +219,9 @@ def costs(result: dict[str, Any], args: dict[str, Any]) -> dict[str, dict[str, A
     for name, route in routes.items():
         route.update(forward_tokens=tokens * route["passes"], trained_tokens=tokens * epochs)
         known = rates.get("extract_tokens_per_s") and rates.get("train_tokens_per_s")
-        # NOTE: the offline route's train stage runs on every GPU it is given; the chunked route's resident trainer on one.
-        trained_per_s = rates["train_tokens_per_s"] * (gpus if name == "offline" else 1) if known else None
+        # NOTE: both routes' trainers run on every GPU they are given (the chunked route's as a resident group of ranks);
+        # the online route's is SpecForge's.
+        trained_per_s = rates["train_tokens_per_s"] * (gpus if name != "online" else 1) if known else None
         route["hours"] = round((route["forward_tokens"] / rates["extract_tokens_per_s"]
                                 + route["trained_tokens"] / trained_per_s) / 3600, 2) if known else None
     return routes

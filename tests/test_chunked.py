@@ -142,7 +142,7 @@ def wait_for_state(out: Path, state: dict, process: subprocess.Popen, timeout: f
 
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
-def test_a_budget_smaller_than_the_states_trains_by_chunks_never_exceeds_it_and_resumes_after_a_kill(
+def test_a_budget_smaller_than_the_states_trains_by_chunks_on_two_ranks_never_exceeds_it_and_resumes_after_a_kill(
     tmp_path: Path, tiny_target: Path
 ) -> None:
     root = tmp_path / "root"
@@ -154,8 +154,10 @@ def test_a_budget_smaller_than_the_states_trains_by_chunks_never_exceeds_it_and_
     sizes = [chunked.record_size(len(r["input_ids"]), per_token) for r in a1 + b2]
     budget = chunked.reserved(2) + sum(sizes) // 2 + max(sizes)  # two chunks: about half the states at a time
     assert budget < sum(sizes) + chunked.reserved(2)  # the states of all records would not fit
-    # One epoch keeps it to five runs of the real stages (extract and train per chunk, and the resumed train).
-    env = chunked_env(root, tiny_target, budget, EXTRACT, {**TRAIN, "epochs": 1, "report_to": "tensorboard"}, ["A1", "B2"])
+    # One epoch keeps it to five runs of the real stages (extract and train per chunk, and the resumed train),
+    # trained by a resident group of two ranks (gloo), each its share of every global batch of 2 x 2 records.
+    train = {**TRAIN, "epochs": 1, "report_to": "tensorboard", "nproc": 2}
+    env = chunked_env(root, tiny_target, budget, EXTRACT, train, ["A1", "B2"])
     out = Path(env["AERIE_OUTPUT"])
 
     with DiskWatch(out) as watch:
@@ -171,6 +173,8 @@ def test_a_budget_smaller_than_the_states_trains_by_chunks_never_exceeds_it_and_
         log, _ = second.communicate(timeout=600)
 
     assert second.returncode == 0, log
+    # one group of ranks for the whole job, every chunk and the held-out measurement: never one per chunk
+    assert log.count("resident trainer: 2 ranks joined") == 1, log
     plan = json.loads((out / "chunks.json").read_text())
     chunks = plan["chunks"]
     # the held-out record (the train stage's hashing rule, by its offline path) is kept out of every chunk
@@ -188,7 +192,7 @@ def test_a_budget_smaller_than_the_states_trains_by_chunks_never_exceeds_it_and_
     # One draft over every chunk and epoch: every step of the run is in its history, in order, none twice.
     train = root / "data" / "draft" / "train"
     history = json.loads((train / "history.json").read_text())
-    assert [h["step"] for h in history] == list(range(1, sum(-(-n // 2) for n in plan["records"]) + 1))
+    assert [h["step"] for h in history] == list(range(1, sum(-(-n // 4) for n in plan["records"]) + 1))
     assert (train / "draft" / "config.json").is_file() and (train / "draft" / "model.safetensors").is_file()
     # measured like the offline draft: after the epoch, on the held-out record kept on disk
     listed = json.loads((train / "heldout.json").read_text())

@@ -132,8 +132,9 @@ class Train(Stage):
     specforge_train_data: str | None = None
     chat_template: str = setting("kimi_k2", "legacy SpecForge only (train_eagle3.py renders conversations); "
                                  "SpecForge 0.2.0 gets prep's tokens or states, never a template")
-    nproc: int | None = setting(None, "training processes (data parallel, one per GPU; both engines); default: every "
-                                "GPU the host shows (nvidia-smi, narrowed by CUDA_VISIBLE_DEVICES), 1 without GPUs", ge=1)
+    nproc: int | None = setting(None, "training processes (data parallel, one per GPU; both engines, offline and chunked routes); "
+                                "default: every GPU the host shows (nvidia-smi, narrowed by CUDA_VISIBLE_DEVICES), "
+                                "1 without GPUs", ge=1)
     warmup_fraction: float = setting(0.1, "with init_draft: share of the optimizer steps over which the learning rate "
                                      "rises from 0 (a new draft starts at the full rate)", ge=0, le=1)
     eval_records: int | None = setting(None, "records held out of training (0: none); default: eval_fraction of them, "

@@ -3,35 +3,32 @@
 One job (``draft/chunked``) replaces every dataset's ``extract`` and the
 ``draft/train`` job when the states do not fit on disk (`remote.sizing`).
 
-**The plan** (``chunks.json``, made once per set of inputs and settings): the
-records the train stage would hold out (`remote.eagle3.heldout`'s hashing rule
-over the paths their states would have on the offline route, so both routes
-measure their drafts on the same records) are extracted once into
-``heldout/`` and kept there, within a quarter of ``stages.extract.disk_budget``,
-for the draft's measurement after every epoch and for `inv eval`'s prompts.
-The other records are shuffled (seeded) across datasets and cut into chunks whose
-files -- states, ids and masks, file framing and the copied ids -- fit what is
-left of the budget; only one chunk exists at a time.
+**The plan** (``chunks.json``, made once per set of inputs and settings): the records the train stage
+would hold out (`remote.eagle3.heldout`'s hashing rule over the paths their states would have on the
+offline route, so both routes measure their drafts on the same records) are extracted once into
+``heldout/`` and kept there, within a quarter of ``stages.extract.disk_budget``, for the draft's
+measurement after every epoch and for `inv eval`'s prompts. The other records are shuffled (seeded)
+across datasets and cut into chunks whose files -- states, ids and masks, file framing and the copied
+ids -- fit what is left of the budget; only one chunk exists at a time.
 
-**The passes**: ``stages.extract.passes`` forward passes of the target over
-the records (default: ``stages.train.epochs``). In each pass every chunk is
-extracted, trained on for its share of the epochs (``epochs / passes``,
-shuffled inside the chunk every epoch) and deleted; the chunks' order changes
-from pass to pass. The default re-extracts every chunk every epoch; ``passes: 1``
-reads every record through the target once (E times fewer forward passes, but
-E epochs on one chunk at a time: docs/chunked.md has both measured).
+**The passes**: ``stages.extract.passes`` forward passes of the target over the records
+(default: ``stages.train.epochs``). In each pass every chunk is extracted, trained on for its share
+of the epochs (``epochs / passes``, shuffled inside the chunk every epoch) and deleted; the chunks'
+order changes from pass to pass. The default re-extracts every chunk every epoch; ``passes: 1`` reads
+every record through the target once (E times fewer forward passes, but E epochs on one chunk at a
+time: docs/chunked.md has both measured).
 
-**The stages**: the built-in extract and train run inside this job
-(`remote.orchestration.resident`): the target is loaded once per run, the draft and
-its optimizer are kept from chunk to chunk, with one learning-rate schedule
-over the run. A configured ``stages.extract.command`` or ``stages.train.command``
-(or ``engine: specforge``) runs as its own process per chunk and pass instead.
+**The stages**: the built-in extract and train run inside this job (`remote.orchestration.resident`):
+the target is loaded once per run, the draft and its optimizer are kept from chunk to chunk, with one
+learning-rate schedule over the run, on ``stages.train.nproc`` ranks (more than one: a resident group
+of training processes beside the job, `remote.orchestration.rank_group`). A configured
+``stages.extract.command`` or ``stages.train.command`` (or ``engine: specforge``) runs as its own
+process per chunk and pass instead.
 
-**Where it stands** (pass, chunk, phase) is in ``state.json``, so a rerun after
-a crash or `inv stop` goes on from the phase it was in: extract keeps its
-complete shards, train its checkpoint (`remote.eagle3.resume`). The status line
-says ``pass p/P, chunk k of n: <phase>``; the time left comes from the passes
-done, extract and train measured apart (``timing.json``).
+**Where it stands** (pass, chunk, phase) is in ``state.json``, so a rerun after a crash or `inv stop`
+goes on from the phase it was in: extract keeps its complete shards, train its checkpoint
+(`remote.eagle3.resume`). The status line says ``pass p/P, chunk k of n: <phase>``; the time left
+comes from the passes done, extract and train measured apart (``timing.json``).
 """
 
 from __future__ import annotations
@@ -82,7 +79,6 @@ class Chunked:
         self.passes = int(self.extract.get("passes") or self.epochs)  # default: re-extracted every epoch
         if not 1 <= self.passes <= self.epochs:
             raise StageInputError(f"stages.extract.passes {self.passes}: expected 1 to stages.train.epochs ({self.epochs})")
-        self.batch = self.train_settings.batch_size
         self.budget = sizing.parse_size(settings.get("disk_budget"))
         if not self.budget:
             raise StageInputError("the chunked route needs stages.extract.disk_budget (e.g. 500G)")
@@ -94,8 +90,10 @@ class Chunked:
         self.resident_extract = self.extract.get("command") in (None, "", DEFAULT_COMMANDS["extract"])
         self.resident_train = (self.train.get("command") in (None, "", DEFAULT_COMMANDS["train"])
                                and self.train_settings.engine == "aerie")
-        if self.resident_train:  # one GPU beside the loaded target: more asked is refused before anything runs
-            resident.one_rank(self.train_settings, progress)
+        self.nproc = resident.ranks(self.train_settings, progress) if self.resident_train else 1
+        self.batch = self.train_settings.batch_size * self.nproc  # records per optimizer step, over the ranks
+        if self.resident_train:  # another count of ranks than the checkpoint's: refused before anything runs
+            resident.check_world(self.train_out, self.nproc)
 
     # -- the plan of chunks ------------------------------------------------------
 
@@ -153,15 +151,22 @@ class Chunked:
         started = time.time()
         self.out.mkdir(parents=True, exist_ok=True)
         self.layout = self.plan()
-        chunks = self.layout["chunks"]
         self.timing = {**TIMING, **read_json(self.out / "timing.json", {})}
         self.extractor = resident.Extractor(self.ctx, self.stage_settings(self.extract)) if self.resident_extract else None
         heldout_files = self.extract_heldout()
-        self.trainer = resident.Trainer(
-            self.ctx, {**self.stage_settings(self.train), "eval_records": 0}, self.train_out, heldout_files,
-            self.schedule(), self.out / EVALUATIONS, self.progress,
-            {"preps": self.preps, "heldout": self.layout["heldout"]}) if self.resident_train else None
-        state = read_json(self.out / "state.json", START)
+        self.trainer = resident.trainer(
+            self.nproc, self.ctx, {**self.stage_settings(self.train), "eval_records": 0}, self.train_out, heldout_files,
+            self.schedule(), self.out / EVALUATIONS, self.progress, {"preps": self.preps, "heldout": self.layout["heldout"]}
+        ) if self.resident_train else None
+        try:
+            return self.passes_from(read_json(self.out / "state.json", START), started)
+        finally:
+            if self.trainer is not None:
+                self.trainer.close()  # the ranks of a group leave with the job, however it ends
+
+    def passes_from(self, state: dict[str, Any], started: float) -> dict[str, Any]:
+        """Every pass and chunk from where `state` stands, then the run's manifest."""
+        chunks = self.layout["chunks"]
         if state != START:
             self.progress.note(f"resuming at pass {state['pass'] + 1}, chunk {state['chunk'] + 1}, {state['phase']}")
         self.progress.expect(self.schedule(), by="step")
@@ -233,12 +238,9 @@ class Chunked:
 
     def measure_epochs(self, steps: int) -> None:
         """The draft on the held-out records each time the steps taken pass a whole epoch's worth."""
-        if self.trainer is None or not self.trainer.heldout or self.trainer.draft is None:
-            return
-        epoch = steps // max(self.steps_per_epoch(), 1)
-        measured = self.trainer.evaluation.epochs
-        if epoch > (measured[-1].epoch if measured else 0):
-            self.trainer.measure(epoch)
+        measured = self.trainer.measured() if self.trainer is not None and self.trainer.heldout else None
+        if measured is not None and steps // max(self.steps_per_epoch(), 1) > measured:
+            self.trainer.measure(steps // max(self.steps_per_epoch(), 1))
 
     def estimate(self, index: int, position: int) -> None:
         """Seconds left: the records still to extract and the steps still to train, each at its measured speed."""
@@ -283,20 +285,18 @@ class Chunked:
         self.run_extract(directory, skips)
 
     def run_extract(self, directory: Path, skips: bool) -> None:
-        from remote.orchestration.resident import Relay
-
         if self.extractor is not None:
             loads = self.extractor.loads
-            self.extractor.run(directory / "prep", directory / "extract", Relay(self.progress, skips))
+            self.extractor.run(directory / "prep", directory / "extract", resident.Relay(self.progress, skips))
             self.measured(target_loads=self.extractor.loads - loads)
         else:
             self.stage("extract", self.stage_settings(self.extract), directory, [directory / "prep"], DRAFT)
             self.measured(target_loads=1)
 
     def train_chunk(self, directory: Path, epochs: int, name: str, seed: int) -> None:
-        # `name` names this pass in the trainer's checkpoint: a stop after the trainer ended but
-        # before `save` recorded it runs the same pass again, which the checkpoint finds complete
-        # (trains nothing), while the next pass -- even over the same chunk -- is new data.
+        # `name` names this pass in the trainer's checkpoint: a stop after the trainer ended but before `save`
+        # recorded it runs the same pass again, which the checkpoint finds complete (trains nothing), while the
+        # next pass -- even over the same chunk -- is new data.
         inputs = [directory / "extract"]
         if self.trainer is not None:
             self.trainer.run(inputs, epochs, name, seed)

@@ -1,4 +1,4 @@
-"""The chunked route's built-in stages, kept in its own process for the whole run.
+"""The chunked route's built-in stages, kept for the whole run.
 
 `Extractor` loads the target once and extracts chunk after chunk with it (the
 extract stage's own code, `remote.stages.extract.run`, given the loaded model):
@@ -7,8 +7,9 @@ used to pay for every chunk of every epoch. `Trainer` keeps the draft, its
 optimizer and schedule, the target's embeddings and lm_head, and the held-out
 measurement between chunks: a `remote.eagle3.session.TrainingSession`, the one the
 train stage drives, so it checkpoints, reports and keeps drafts as the train stage
-does and a kill at any moment goes on from the last checkpoint. It trains on one
-GPU (`one_rank`): its process holds the target.
+does and a kill at any moment goes on from the last checkpoint. With one rank
+(`ranks`) it trains in the job's process; with more, each of a resident group of
+ranks (`remote.orchestration.rank_group`) drives its own, as the train stage's ranks do.
 
 Both report into a `Relay`: the chunked job counts records and steps itself,
 so a sub-step's counters only say the job is alive.
@@ -22,10 +23,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from remote.control_plane.progress import Progress, read_json, write_json_atomic
-from remote.eagle3 import StageInputError, kept, reporting
+from remote.eagle3 import distributed, kept, reporting
+from remote.eagle3.distributed import World
 from remote.eagle3.train_settings import TrainSettings
 from remote.stages import StageContext
-from remote.vocabulary import plan_texts
 
 
 class Relay:
@@ -118,26 +119,51 @@ class Extractor:
         self.model = None
 
 
-def one_rank(settings: TrainSettings, progress: Any) -> None:
-    """The resident trainer trains on one GPU: its process holds the loaded target, which the ranks of
-    DDP would have to share (`remote.eagle3.distributed` launches them as processes of their own). An
-    ``nproc`` above 1 is refused in one line naming the fix; unset, on a host of several GPUs, said in one line."""
-    from remote.eagle3 import distributed
+def ranks(settings: TrainSettings, progress: Any) -> int:
+    """The resident trainer's ranks: ``stages.train.nproc``, unset every GPU the host shows (said in one line when
+    several), 1 without GPUs; one trains in the job's own process, more in a group of their own beside it."""
+    nproc = distributed.resolve_nproc(settings.nproc)
+    if settings.nproc is None and nproc > 1:
+        progress.note(f"training on {nproc} GPUs, one rank each, beside the loaded target "
+                      "(stages.train.nproc: 1 trains in the chunked job's own process)")
+    return nproc
 
-    refused = plan_texts.chunked_nproc(settings.nproc)
-    if refused:
-        raise StageInputError(refused)
-    if settings.nproc is None and distributed.visible_gpus() > 1:
-        progress.note("training on one GPU: the chunked route trains beside the loaded target "
-                      "(stages.train.nproc applies to the offline route)")
+
+def check_world(output: Path, nproc: int) -> None:
+    """Refuse (`remote.eagle3.resume`'s one line) to go on from a checkpoint in `output` that another number of
+    ranks trained, before anything runs: the run's one schedule counts global batches of theirs."""
+    from remote.eagle3 import resume
+    from remote.eagle3.session import RESUME
+
+    path = output / RESUME / resume.FILE
+    if path.is_file():
+        import torch
+
+        saved = torch.load(path, map_location="cpu", weights_only=False, mmap=True)  # mapped: the weights stay unread
+        resume.check_world(resume.TrainState(world=saved.get("world", 1)), nproc)
+
+
+def trainer(nproc: int, ctx: StageContext, settings: dict[str, Any], output: Path, heldout: list[Path],
+            schedule_steps: int, evaluations: Path, progress: Progress, trained: dict[str, Any]) -> Any:
+    """The chunked job's trainer: a `Trainer` in this process for one rank, else a `GroupTrainer` of `nproc`."""
+    if nproc == 1:
+        return Trainer(ctx, settings, output, heldout, schedule_steps, evaluations, progress, trained)
+    from remote.orchestration.rank_group import GroupTrainer
+
+    reporting.require(TrainSettings.from_config(settings).report_to)  # before the first chunk's extraction
+    shared = {"preps": {name: str(p) for name, p in trained["preps"].items()}, "heldout": trained["heldout"]}
+    return GroupTrainer(nproc, progress, output, heldout, settings=settings, schedule_steps=schedule_steps,
+                        evaluations=str(evaluations), trained=shared)
 
 
 class Trainer:
     """One draft trained over every chunk (`remote.eagle3.session`): built on the first, kept (with its optimizer)
-    for the rest; the held-out records measured whenever the chunks trained add up to an epoch (`measure`)."""
+    for the rest; the held-out records measured whenever the chunks trained add up to an epoch (`measure`). In a
+    `world` of several ranks, each trains its share and rank 0 alone counts, measures and writes."""
 
     def __init__(self, ctx: StageContext, settings: dict[str, Any], output: Path, heldout: list[Path],
-                 schedule_steps: int, evaluations: Path, progress: Progress, trained: dict[str, Any]) -> None:
+                 schedule_steps: int, evaluations: Path, progress: Progress, trained: dict[str, Any],
+                 world: World = World()) -> None:
         from remote.eagle3.session import TrainingSession
 
         self.ctx, self.settings, self.output, self.heldout = ctx, settings, output, heldout
@@ -145,9 +171,9 @@ class Trainer:
         reporting.require(self.typed.report_to)  # before the first chunk's extraction, not after it
         self.trained = trained  # {"preps": {dataset: prep dir}, "heldout": {dataset: indices}}: what the vocabulary counts
         self.schedule_steps, self.evaluations, self.progress = schedule_steps, evaluations, progress
-        self.relay = Relay(progress)
-        self.session = TrainingSession(output, ctx.release, self.typed, progress, name=f"{ctx.dataset}-{ctx.release}",
-                                       counts_records=False)  # the chunked job counts the records
+        self.relay = Relay(progress) if world.is_main else Progress()  # (a Relay prints its notes)
+        self.session = TrainingSession(output, ctx.release, self.typed, progress, world=world,
+                                       name=f"{ctx.dataset}-{ctx.release}", counts_records=False)  # the job counts records
         self.extracted: Any = None  # `remote.eagle3.extract_manifest.ExtractManifest` of the first chunk
 
     @property
@@ -173,10 +199,14 @@ class Trainer:
         shape = shape_of(target)
         stage = sub_context(self.ctx, "train", self.settings, self.output, inputs)
         config = train.draft_for(stage, self.typed, self.extracted, shape.vocab_size, draft_base(target))
-        self.session.start(config, shape, lambda: trained_token_counts(
-            self.trained["preps"], self.trained["heldout"], shape.vocab_size, self.progress.beat), best_device())
+        session = self.session
+        # NOTE: rank 0 alone counts the tokens (DDP copies its vocabulary map to the others); a rank's device is its own.
+        counts = (lambda: trained_token_counts(self.trained["preps"], self.trained["heldout"], shape.vocab_size,
+                                               self.progress.beat)) if session.is_main else distributed.no_counts(shape.vocab_size)
+        session.start(config, shape, counts, None if session.world.is_distributed else best_device())
         self.output.mkdir(parents=True, exist_ok=True)
-        self.session.measure_on(self.heldout, kept_at=self.evaluations)
+        if session.is_main:
+            session.measure_on(self.heldout, kept_at=self.evaluations)
 
     def run(self, inputs: list[Path], epochs: int, name: str, seed: int) -> None:
         """`epochs` epochs over the states in `inputs`, shuffled by `seed`; `name` is the pass, for resuming."""
@@ -192,16 +222,29 @@ class Trainer:
         state = session.resume(files, epochs, chunk_pass=name, chunked=True, progress=self.relay)
         if first and state.step == 0:  # the run's first pass, nothing trained yet: epoch 0, the draft as it starts
             session.measure_start()  # held aside in .start/ until an epoch is measured, as the train stage does
-        if session.observer is None:
+        if session.observer is None and session.is_main:
             session.open_reporter()
         session.train(files, epochs, seed=seed, schedule_steps=self.schedule_steps, measure_epochs=False)
+        if not session.is_main:
+            return
         session.save(kept.LAST, **{"pass": name})
         if not self.heldout:  # nothing to choose by: the latest
             session.save(kept.DRAFT, **{"pass": name})
 
+    def measured(self) -> int | None:
+        """The last epoch measured (0: the draft as it started, or nothing yet); None before the draft is built."""
+        if self.draft is None or self.evaluation is None:
+            return None
+        return self.evaluation.epochs[-1].epoch if self.evaluation.epochs else 0
+
+    def close(self) -> None:
+        """Nothing to let go: the group's trainer (`remote.orchestration.rank_group.GroupTrainer`) stops its ranks."""
+
     def measure(self, epoch: int) -> dict[str, Any]:
         """The held-out figures after `epoch` epochs' worth of steps, kept (for a resumed run) and drawn; the
         draft to ``draft/`` when it is the best so far (as the train stage keeps it: the later of equals)."""
+        if not self.session.is_main:
+            return {}
         record = self.session.measure(epoch, self.typed.epochs, save_last=False)
         self.evaluation.draw()
         return record.as_dict()
@@ -212,6 +255,8 @@ class Trainer:
             return read_json(self.output / "manifest.json", {})
         session = self.session
         session.stop()
+        if not session.is_main:
+            return {}
         session.settle_start()
         self.progress.note(kept.reason(self.evaluation.epochs))
         write_json_atomic(self.output / "history.json", session.history)

@@ -17,8 +17,6 @@ def refusal(result: dict[str, Any]) -> str | None:
         return None  # nothing known yet to refuse on
     order = {"offline": 0, "chunked": 1, "online": 2}
     chosen = fits if wanted == "auto" else wanted
-    if chosen == "chunked" and engine == "aerie" and result.get("resident_train", True) and chunked_nproc(result.get("train_nproc")):
-        return chunked_nproc(result.get("train_nproc"))
     numbers = (f"the states take {binary(result['stored_bytes'])} ({result['tokens']:,} tokens × {result['bytes_per_token']:,} B) "
                f"and the budget is {binary(result['usable_bytes'])} (free {binary(result['free_bytes'])}, "
                f"disk_budget {binary(result['disk_budget']) if result['disk_budget'] else 'unset'})")
@@ -28,16 +26,6 @@ def refusal(result: dict[str, Any]) -> str | None:
         would = fits + (f" ({result['chunks']} chunks)" if fits == "chunked" else "")
         return f"route {chosen} does not fit: {numbers}; the route that fits is {would} (stages.extract.route)"
     return None
-
-
-def chunked_nproc(nproc: int | None) -> str | None:
-    """Why the chunked route's trainer refuses `stages.train.nproc` above 1: it trains in the process that
-    holds the target, on one GPU (`remote.orchestration.resident`); None for 1 or unset."""
-    if nproc is None or nproc <= 1:
-        return None
-    return (f"stages.train.nproc {nproc}: the chunked route trains in the process that holds the target, on one GPU; "
-            "set nproc: 1 for it, or give stages.extract.disk_budget room for every state (the offline route "
-            "trains on nproc GPUs)")
 
 
 def engine_refusal(result: dict[str, Any]) -> str | None:
