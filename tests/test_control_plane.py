@@ -20,8 +20,10 @@ from benchmarks.harness.checkout import Bench, wait_for
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 # On ssh the host's bare Python, where there is one: the control plane needs nothing but the standard library.
-pytestmark = [pytest.mark.e2e, pytest.mark.backends(
-    "local", "ssh", "slurm", ssh={"python": SYSTEM_PYTHON} if os.path.exists(SYSTEM_PYTHON) else {})]
+BARE_PYTHON = {"python": SYSTEM_PYTHON} if os.path.exists(SYSTEM_PYTHON) else {}
+pytestmark = [pytest.mark.e2e, pytest.mark.backends("local", "ssh", "slurm", ssh=BARE_PYTHON)]
+#: A deploy is the same on a Slurm login node as on any host (no job is submitted): local and ssh.
+DEPLOY = pytest.mark.backends("local", "ssh", ssh=BARE_PYTHON)
 
 
 def released_files(bench: Bench) -> set[str]:
@@ -32,6 +34,7 @@ def released_files(bench: Bench) -> set[str]:
 # -- deploy --------------------------------------------------------------------
 
 
+@DEPLOY
 def test_deploy_sends_everything_then_nothing_then_only_the_changed_file(bench: Bench) -> None:
     bench.scripted({"A": "records=1"})
     first = bench.inv("deploy")
@@ -55,6 +58,7 @@ def test_deploy_sends_everything_then_nothing_then_only_the_changed_file(bench: 
     assert (release_two / "remote/control_plane/jobs.py").stat().st_ino == (release_one / "remote/control_plane/jobs.py").stat().st_ino
 
 
+@DEPLOY
 def test_dry_run_lists_changes_and_sends_nothing(bench: Bench) -> None:
     bench.scripted({"A": "records=1"})
     (bench.checkout / "remote" / "obsolete.py").write_text("OLD = 1\n")
@@ -68,6 +72,7 @@ def test_dry_run_lists_changes_and_sends_nothing(bench: Bench) -> None:
     assert not (bench.root / "current" / "remote" / "obsolete.py").exists()
 
 
+@DEPLOY
 def test_a_syntax_error_stops_the_deploy_before_anything_is_sent(bench: Bench) -> None:
     bench.scripted({"A": "records=1"})
     (bench.checkout / "remote" / "broken.py").write_text("def oops(:\n")
@@ -77,6 +82,7 @@ def test_a_syntax_error_stops_the_deploy_before_anything_is_sent(bench: Bench) -
     assert not (bench.root / "current").exists()
 
 
+@DEPLOY
 def test_an_interrupted_deploy_leaves_the_previous_release_whole_and_the_next_completes(bench: Bench) -> None:
     from local.host import releases
     from local.host.verbs import RemoteHost
