@@ -105,6 +105,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In an xdist worker: fail at once where a group would be ignored (pytest 9.2 with pytest-xdist 3.8 drops
+    the group from the test's id, and the tests of a group are then spread over every worker, silently)."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [item.nodeid for item in session.items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist ignores the xdist_group of {len(lost)} test(s) (e.g. {lost[0]}) with "
+                                f"pytest {pytest.__version__}: install pyproject's pinned pytest (.ci/setup)")
+
+
 def worker_group(item: pytest.Item) -> str | None:
     """The worker group `item` joins, if it has none of its own: a service it uses (`SERVICES`), else its
     module's name when it uses a module-scoped fixture, so that the fixture is built once, not once per worker
