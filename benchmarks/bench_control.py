@@ -38,7 +38,8 @@ from local.host.verbs import RemoteHost
 from local.inventory.schema import load
 from local.transport.openssh import Multiplexed, accepts
 from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
-from benchmarks.harness.pairing import against_ref, median_seconds, paired
+from benchmarks.harness.pairing import Clock, against_ref, children_cpu, median_seconds, paired
+from benchmarks.harness.process_tree import tree_cpu_seconds
 from benchmarks.harness.ref_checkout import Ref, RefBench, ref_bench
 from benchmarks.harness.sshd import start_server
 
@@ -210,7 +211,8 @@ def first_of_the_day(bench: Bench) -> Callable[[], None]:
 
 
 def vs_ref(bench: Bench, ref: RefBench, repeat: int, link: bool = False) -> dict[str, Any]:
-    """Each command as typed, in this checkout and in REF's in turn: its ratio this/REF.
+    """Each command as typed, in this checkout and in REF's in turn: its ratios this/REF, of wall time and of
+    the CPU used on each side (`cpu_meters`).
 
     `inv --version` is Invoke's alone, the same on both sides: its spread is the run's noise.
     """
@@ -229,9 +231,17 @@ def vs_ref(bench: Bench, ref: RefBench, repeat: int, link: bool = False) -> dict
                      "inv_version_as_typed": (("--version",), nothing)}
     figures: dict[str, Any] = {"ref": ref.ref.name, "commit": ref.ref.commit[:12]}
     for name, (args, ready) in commands.items():
-        figures[name] = against_ref(_typed(bench, args), _typed(ref, args), repeat, ready)
+        figures[name] = against_ref(_typed(bench, args), _typed(ref, args), repeat, ready, meters=cpu_meters(bench))
     both_ended()
     return figures
+
+
+def cpu_meters(bench: Bench) -> dict[str, Clock]:
+    """The CPU a command as typed uses on the laptop (the `inv` process and what it waited for) and on the
+    host (the sshd and all under it: the host's Python, its commands)."""
+    assert bench.sshd is not None and bench.sshd.process is not None
+    sshd = bench.sshd.process.pid
+    return {"laptop_cpu": children_cpu, "host_cpu": lambda: tree_cpu_seconds(sshd)}
 
 
 def _typed(bench: Bench, args: tuple[str, ...]) -> Callable[[], object]:

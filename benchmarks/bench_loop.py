@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from rich.console import Console
 
-from benchmarks.bench_control import grow_tree, on_loopback_sshd
+from benchmarks.bench_control import cpu_meters, grow_tree, on_loopback_sshd
 from local.host import releases
 from local.validation import samples
 from local.host.verbs import RemoteHost
@@ -125,7 +125,8 @@ def vs_ref(bench: Bench, ref: RefBench, repeat: int) -> dict[str, Any]:
                 "deploy_rerun_failed_as_typed": (RERUN, True)}
     figures: dict[str, Any] = {"ref": ref.ref.name, "commit": ref.ref.commit[:12]}
     for name, (argv, edits) in commands.items():
-        figures[name] = against_ref(_typed(bench, argv, edits), _typed(ref, argv, edits), repeat, both_failed)
+        figures[name] = against_ref(_typed(bench, argv, edits), _typed(ref, argv, edits), repeat, both_failed,
+                                    meters=cpu_meters(bench))
     both_failed()
     return figures
 

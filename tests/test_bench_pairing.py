@@ -27,18 +27,22 @@ class Clock:
 
 
 def test_against_ref_runs_ref_then_this_in_turn_each_after_ready_and_quotes_this_over_ref() -> None:
-    clock, order = Clock(), []
+    clock, cpu, order = Clock(), Clock(), []
     took = {"ref": iter([2.0, 2.0, 4.0]), "this": iter([3.0, 6.0, 4.0])}
+    used = {"ref": iter([1.0, 1.0, 1.0]), "this": iter([1.0, 1.5, 0.5])}
 
     def side(name: str) -> None:
         order.append(name)
         clock.now += next(took[name])
+        cpu.now += next(used[name])
 
-    figures = against_ref(lambda: side("this"), lambda: side("ref"), 3, ready=lambda: order.append("ready"), clock=clock)
+    figures = against_ref(lambda: side("this"), lambda: side("ref"), 3, ready=lambda: order.append("ready"), clock=clock,
+                          meters={"cpu": cpu})
 
     assert order == ["ready", "ref", "ready", "this"] * 3
-    # pair by pair: 3/2, 6/2, 4/4
-    assert figures == {"seconds": 4.0, "ref_seconds": 2.0, "ratio": 1.5, "ratio_min": 1.0, "ratio_max": 3.0}
+    # pair by pair: wall 3/2, 6/2, 4/4; CPU 1/1, 1.5/1, 0.5/1
+    assert figures == {"seconds": 4.0, "ref_seconds": 2.0, "ratio": 1.5, "ratio_min": 1.0, "ratio_max": 3.0,
+                       "cpu_ratio": 1.0, "cpu_ratio_min": 0.5, "cpu_ratio_max": 1.5}
 
 
 def test_inv_bench_against_an_unknown_ref_fails_in_one_line_before_measuring_anything() -> None:
