@@ -218,7 +218,8 @@ def demo(c: Context) -> None:
         raise Exit("aerie: the demo did not finish cleanly; see the table above and `inv logs`", code=1)
 
 
-@task(help={"only": "comma-separated suites: control, loop, view, prep, infer, extract, slurm, chunked, train; default: all",
+@task(long_only=["against"],
+      help={"only": "comma-separated suites: control, loop, view, prep, infer, extract, slurm, chunked, train; default: all",
             "json": "print the figures as JSON",
             "against": "a commit (e.g. ff08539): time control's and loop's commands in its checkout too, in turn "
                        "with this one's (the ratio this/REF); default suites then control,loop"})

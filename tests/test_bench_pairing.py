@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import run as bench_run
+import benchmarks.run
 from benchmarks.harness.pairing import against_ref
 from benchmarks.harness.ref_checkout import archive, resolve
 from local.exceptions import AerieError
@@ -62,7 +62,7 @@ def test_a_ref_that_names_no_commit_is_refused(name: str) -> None:
 
 def test_against_is_refused_for_a_suite_that_times_nothing_as_typed() -> None:
     with pytest.raises(AerieError, match=r"as-typed suites only \(control, loop\), not view: `inv bench --only control,loop"):
-        bench_run.run(["loop", "view"], against="HEAD")
+        benchmarks.run.run(["loop", "view"], against="HEAD")
 
 
 def test_a_ref_checkout_holds_the_commits_files_and_only_what_a_users_checkout_holds(tmp_path: Path) -> None:
