@@ -127,7 +127,6 @@ def grow_tree(checkout: Path) -> None:
 
 def measure(bench: Bench, work: Path, repeat: int, ref: RefBench | None = None) -> dict[str, Any]:
     assert bench.sshd is not None
-    bench.scripted(DATASETS)
     ssh_true = median_seconds(lambda: subprocess.run(bench.sshd.ssh_argv("true"), check=True), repeat)
     for side in _sides(bench, ref):
         side.scripted(DATASETS)
