@@ -218,14 +218,17 @@ def demo(c: Context) -> None:
         raise Exit("aerie: the demo did not finish cleanly; see the table above and `inv logs`", code=1)
 
 
-@task(help={"only": "comma-separated suites: control, loop, view, prep, infer, extract, slurm, chunked, train; default: all",
-            "json": "print the figures as JSON"})
-def bench(c: Context, only: str | None = None, json: bool = False) -> None:
+@task(long_only=["against"],
+      help={"only": "comma-separated suites: control, loop, view, prep, infer, extract, slurm, chunked, train; default: all",
+            "json": "print the figures as JSON",
+            "against": "a commit (e.g. ff08539): time control's and loop's commands in its checkout too, in turn "
+                       "with this one's (the ratio this/REF); default suites then control,loop"})
+def bench(c: Context, only: str | None = None, json: bool = False, against: str | None = None) -> None:
     """Measure speed as ratios to baselines run alongside (see docs/benchmarks.md)."""
     import benchmarks.run
     from local.views import tables
 
-    tables.print_figures(benchmarks.run.run(split(only)), console(), as_json=json)
+    tables.print_figures(benchmarks.run.run(split(only), against), console(), as_json=json)
 
 
 ns = Collection(validate, deploy, launch, status, rerun, logs, stop, trust, run, check, evaluate, demo, bench, plan)

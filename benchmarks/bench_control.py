@@ -13,6 +13,10 @@ The as-typed status and launch pairs are also taken over links with a round trip
 `benchmarks.link`): on loopback `ssh host true` costs only its CPU, over a network every
 handshake exchange adds a round trip, and a shared connection's command about one.
 
+Given a commit to measure against (`inv bench --against REF`), each as-typed command is also
+timed in turn with the same command in REF's checkout (`vs_ref`, on loopback and over each link:
+the ratio this/REF); `inv --version`, Invoke's alone and so the same on both sides, gauges the noise.
+
 Each figure is the median of `repeat` runs (of the pairwise ratios, for pairs).
 """
 
@@ -22,20 +26,21 @@ import compileall
 import dataclasses
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from benchmarks.link import DelayedLink
 from local.host import releases
 from local.host.verbs import RemoteHost
 from local.inventory.schema import load
 from local.transport.openssh import Multiplexed, accepts
-from benchmarks.harness.checkout import SCRIPTED, Bench, copy_checkout, wait_for
+from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
+from benchmarks.harness.pairing import Clock, against_ref, children_cpu, median_seconds, paired
+from benchmarks.harness.process_tree import tree_cpu_seconds
+from benchmarks.harness.ref_checkout import Ref, RefBench, ref_bench
 from benchmarks.harness.sshd import start_server
 
 JOBS = 40
@@ -43,6 +48,7 @@ DATASETS = {f"D{i:02d}": "records=3" for i in range(JOBS)}
 TREE_FILES = 200
 #: Round trips of the links the as-typed figures are also taken over: a LAN, a VPN to a cloud region.
 LINK_RTTS = (0.002, 0.02)
+AnyBench = TypeVar("AnyBench", bound=Bench)
 
 
 class Counting:
@@ -57,34 +63,6 @@ class Counting:
 
     def close(self) -> None:
         self.inner.close()
-
-
-def median_seconds(action: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
-def paired(action: Callable[[], object], baseline: Callable[[], object], repeat: int,
-           before: Callable[[], object] = lambda: None) -> dict[str, float]:
-    """B and A in turn (B A B A ...), the ratio taken pair by pair and its median quoted: a machine whose
-    speed drifts during the run moves both sides of each pair. `before` runs untimed ahead of each pair.
-    The baseline goes first, so that what A leaves running (a launch's 40 jobs) never slows it."""
-    ratios, a_times, b_times = [], [], []
-    for _ in range(repeat):
-        before()
-        started = time.perf_counter()
-        baseline()
-        b_times.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        action()
-        a_times.append(time.perf_counter() - started)
-        ratios.append(a_times[-1] / b_times[-1])
-    return {"seconds": statistics.median(a_times), "baseline_seconds": statistics.median(b_times),
-            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
 
 
 def host_of(bench: Bench) -> RemoteHost:
@@ -105,12 +83,16 @@ def once(bench: Bench, verb: Callable[[RemoteHost], object]) -> int:
         host.close()
 
 
-def run(repeat: int = 5) -> dict[str, Any]:
-    return on_loopback_sshd(measure, repeat)
+def run(repeat: int = 5, against: Ref | None = None) -> dict[str, Any]:
+    return on_loopback_sshd(measure, repeat, against)
 
 
-def on_loopback_sshd(measure: Callable[[Bench, Path, int], dict[str, Any]], repeat: int) -> dict[str, Any]:
-    """`measure` over a copy of this checkout deployed to a fresh loopback sshd, stopped afterwards.
+Measure = Callable[[Bench, Path, int, "RefBench | None"], dict[str, Any]]
+
+
+def on_loopback_sshd(measure: Measure, repeat: int, against: Ref | None = None) -> dict[str, Any]:
+    """`measure` over a copy of this checkout deployed to a fresh loopback sshd, stopped afterwards;
+    given `against`, also over a checkout of that commit (its own host root, the same sshd).
 
     Laptop and host are two machines: with two CPUs or more, the sshd (and so every command and
     job on the "host") runs on the last CPU and this process (and every command it times) on the
@@ -125,9 +107,11 @@ def on_loopback_sshd(measure: Callable[[Bench, Path, int], dict[str, Any]], repe
         # As on a user's laptop after the first command: bytecode cached (PYTHONDONTWRITEBYTECODE, set
         # on some machines, would make every `inv` compile aerie's modules again).
         compileall.compile_dir(checkout, quiet=1)
+        bench = Bench(checkout, work / "root", "ssh", sshd)
+        ref = ref_bench(against, bench, work) if against else None
         os.sched_setaffinity(0, laptop_cpus)
         try:
-            figures = measure(Bench(checkout, work / "root", "ssh", sshd), work, repeat)
+            figures = measure(bench, work, repeat, ref)
             return {**figures, "cpus": {"host": sorted(host_cpus), "laptop": sorted(laptop_cpus)}}
         finally:
             os.sched_setaffinity(0, set(cpus))
@@ -141,19 +125,29 @@ def grow_tree(checkout: Path) -> None:
         (checkout / "remote" / "tree" / f"m{index:03d}.py").write_text(f"# module {index}\n" + "X = 1\n" * 200)
 
 
-def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
+def measure(bench: Bench, work: Path, repeat: int, ref: RefBench | None = None) -> dict[str, Any]:
     assert bench.sshd is not None
-    bench.scripted(DATASETS)
     ssh_true = median_seconds(lambda: subprocess.run(bench.sshd.ssh_argv("true"), check=True), repeat)
-    grow_tree(bench.checkout)
+    for side in _sides(bench, ref):
+        side.scripted(DATASETS)
+        grow_tree(side.checkout)
+        side.inv("deploy")
+    if ref:  # its host holds 40 ended jobs, as this one's does once _status_and_launch has launched
+        ref.inv("launch", "--stage", "prep")
+        _all_ended(ref)
     files = releases.manifest(bench.checkout)
-    bench.inv("deploy")
     commands = _status_and_launch(bench, ssh_true, repeat)
+    against = {"vs_ref": vs_ref(bench, ref, repeat)} if ref else {}
     deploys = _deploys_vs_rsync(bench, work, files, repeat)
-    # Last: it points the inventory at the link.
-    links = {f"rtt_{rtt * 1000:g}ms": over_link(bench, work, rtt, repeat, lambda: _all_ended(bench)) for rtt in LINK_RTTS}
-    _all_ended(bench)  # the last launch's jobs write under the scratch directory, which is removed next
-    return {"ssh_true_s": ssh_true, **commands, **deploys, "over_a_link": links}
+    # Last: it points the inventories at the link.
+    links = {f"rtt_{rtt * 1000:g}ms": over_link(bench, work, rtt, repeat, ref) for rtt in LINK_RTTS}
+    for side in _sides(bench, ref):
+        _all_ended(side)  # the last launch's jobs write under the scratch directory, which is removed next
+    return {"ssh_true_s": ssh_true, **commands, **against, **deploys, "over_a_link": links}
+
+
+def _sides(bench: Bench, ref: RefBench | None) -> list[Bench]:
+    return [bench, ref] if ref else [bench]
 
 
 def _all_ended(bench: Bench) -> None:
@@ -180,14 +174,7 @@ def _status_and_launch(bench: Bench, ssh_true: float, repeat: int) -> dict[str, 
     ssh = lambda: subprocess.run(bench.sshd.ssh_argv("true"), check=True)  # noqa: E731
     typed_status = paired(lambda: bench.inv("status", check=False), ssh, repeat)
     typed_json = paired(lambda: bench.inv("status", "--json", check=False), ssh, repeat)
-    shared = Multiplexed(load(str(bench.checkout / "inventories" / "test.yaml")).host).socket
-
-    def first_of_the_day() -> None:  # no shared connection open: the command connects (paramiko) itself
-        wait_for(shared.exists, 20, "the shared connection")  # the last one's master is up: no handshake in flight
-        bench.sshd.kill_connections()
-        wait_for(lambda: not accepts(shared), 5, "the shared connection to end")
-
-    cold_status = paired(lambda: bench.inv("status", check=False), ssh, repeat, before=first_of_the_day)
+    cold_status = paired(lambda: bench.inv("status", check=False), ssh, repeat, before=first_of_the_day(bench))
     floor = paired(lambda: subprocess.run([sys.executable, "-m", "invoke", "--version"], check=True, capture_output=True), ssh, repeat)
 
     typed_launch = paired(lambda: bench.inv("launch", "--stage", "prep", "--force"), ssh, repeat, before=all_ended)
@@ -202,6 +189,62 @@ def _status_and_launch(bench: Bench, ssh_true: float, repeat: int) -> dict[str, 
         "inv_version_as_typed_vs_ssh_true": floor,
         "inv_launch_40_as_typed_vs_ssh_true": typed_launch,
     }
+
+
+def first_of_the_day(bench: Bench) -> Callable[[], None]:
+    """What makes the next command find no shared connection open, so that it connects (paramiko) itself.
+
+    NOTE: REF's commands are taken to share the socket this checkout names (the name is the host's
+    address, user and keys); a REF that names it otherwise makes the first wait time out.
+    """
+    assert bench.sshd is not None
+    sshd = bench.sshd
+    shared = Multiplexed(load(str(bench.checkout / "inventories" / "test.yaml")).host).socket
+
+    def close() -> None:
+        wait_for(shared.exists, 20, "the shared connection")  # the last one's master is up: no handshake in flight
+        sshd.kill_connections()
+        wait_for(lambda: not accepts(shared), 5, "the shared connection to end")
+
+    return close
+
+
+def vs_ref(bench: Bench, ref: RefBench, repeat: int, link: bool = False) -> dict[str, Any]:
+    """Each command as typed, in this checkout and in REF's in turn: its ratios this/REF, of wall time and of
+    the CPU used on each side (`cpu_meters`).
+
+    `inv --version` is Invoke's alone, the same on both sides: its spread is the run's noise.
+    """
+    def both_ended() -> None:
+        _all_ended(bench)
+        _all_ended(ref)
+
+    nothing = lambda: None  # noqa: E731
+    commands: dict[str, tuple[tuple[str, ...], Callable[[], None]]] = {
+        "inv_status_as_typed": (("status",), nothing),
+        "inv_status_json_as_typed": (("status", "--json"), nothing),
+        "inv_launch_40_as_typed": (("launch", "--stage", "prep", "--force"), both_ended),
+    }
+    if not link:
+        commands |= {"inv_status_as_typed_cold": (("status",), first_of_the_day(bench)),
+                     "inv_version_as_typed": (("--version",), nothing)}
+    figures: dict[str, Any] = {"ref": ref.ref.name, "commit": ref.ref.commit[:12]}
+    for name, (args, ready) in commands.items():
+        figures[name] = against_ref(_typed(bench, args), _typed(ref, args), repeat, ready, meters=cpu_meters(bench))
+    both_ended()
+    return figures
+
+
+def cpu_meters(bench: Bench) -> dict[str, Clock]:
+    """The CPU a command as typed uses on the laptop (the `inv` process and what it waited for) and on the
+    host (the sshd and all under it: the host's Python, its commands)."""
+    assert bench.sshd is not None and bench.sshd.process is not None
+    sshd = bench.sshd.process.pid
+    return {"laptop_cpu": children_cpu, "host_cpu": lambda: tree_cpu_seconds(sshd)}
+
+
+def _typed(bench: Bench, args: tuple[str, ...]) -> Callable[[], object]:
+    return lambda: bench.inv(*args)  # checked: a side that failed fast would read as fast
 
 
 def _deploys_vs_rsync(bench: Bench, work: Path, files: dict[str, str], repeat: int) -> dict[str, Any]:
@@ -241,19 +284,16 @@ def _deploys_vs_rsync(bench: Bench, work: Path, files: dict[str, str], repeat: i
     }
 
 
-def over_link(bench: Bench, work: Path, rtt: float, repeat: int, all_ended: Callable[[], None]) -> dict[str, Any]:
+def over_link(bench: Bench, work: Path, rtt: float, repeat: int, ref: RefBench | None = None) -> dict[str, Any]:
     """As typed, against `ssh host true`, both over a link with round trip `rtt` (the sshd behind a
-    `DelayedLink`): `inv status` warm, `--json`, and `inv launch` of 40 jobs."""
+    `DelayedLink`): `inv status` warm, `--json`, and `inv launch` of 40 jobs; and against REF's."""
     assert bench.sshd is not None
+    all_ended = lambda: _all_ended(bench)  # noqa: E731
     all_ended()  # the last launch's jobs, which would slow the first baselines
     with DelayedLink(bench.sshd.port, rtt) as link:
-        known = work / f"known_hosts.{link.port}"  # the host's key, under the link's port
-        known.write_text(f"[{bench.sshd.address}]:{link.port} {bench.sshd.host_public_key}\n")
-        linked = dataclasses.replace(bench, sshd=dataclasses.replace(bench.sshd, port=link.port, known_hosts=known))
-        linked.scripted(DATASETS)
-        linked.inv("status", check=False)  # opens the shared connection, over the link
+        linked = _through(bench, link, work)
         ssh = lambda: subprocess.run(linked.sshd.ssh_argv("true"), check=True)  # noqa: E731
-        return {
+        figures = {
             "ssh_true_s": median_seconds(ssh, repeat),
             "inv_status_as_typed_vs_ssh_true": paired(lambda: linked.inv("status", check=False), ssh, repeat),
             "inv_status_json_as_typed_vs_ssh_true": paired(lambda: linked.inv("status", "--json", check=False), ssh,
@@ -261,6 +301,20 @@ def over_link(bench: Bench, work: Path, rtt: float, repeat: int, all_ended: Call
             "inv_launch_40_as_typed_vs_ssh_true": paired(lambda: linked.inv("launch", "--stage", "prep", "--force"), ssh, repeat,
                                                          before=all_ended),
         }
+        if ref:
+            figures["vs_ref"] = vs_ref(linked, _through(ref, link, work), repeat, link=True)
+        return figures
+
+
+def _through(bench: AnyBench, link: DelayedLink, work: Path) -> AnyBench:
+    """`bench` with its inventory pointed at the sshd behind `link`, the shared connection opened over it."""
+    assert bench.sshd is not None
+    known = work / f"known_hosts.{link.port}"  # the host's key, under the link's port
+    known.write_text(f"[{bench.sshd.address}]:{link.port} {bench.sshd.host_public_key}\n")
+    linked = dataclasses.replace(bench, sshd=dataclasses.replace(bench.sshd, port=link.port, known_hosts=known))
+    linked.scripted(DATASETS)
+    linked.inv("status", check=False)
+    return linked
 
 
 def _specs(bench: Bench) -> list[dict[str, Any]]:

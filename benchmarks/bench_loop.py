@@ -13,6 +13,9 @@ The phases beside them are timed inside one process: start-up (`inv --list`: Pyt
 Invoke and tasks.py's imports), the cached validation, one command over the connection
 that the commands before left open (local/transport/openssh.py), and the
 manifest round trip. The tree is the checkout plus filler modules, 200 files in all.
+
+Given a commit to measure against (`inv bench --against REF`), each of the three commands is
+also timed in turn with the same command in REF's checkout (`vs_ref`: the ratio this/REF).
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ from typing import Any, Callable
 
 from rich.console import Console
 
-from benchmarks.bench_control import grow_tree, median_seconds, on_loopback_sshd, paired
+from benchmarks.bench_control import cpu_meters, grow_tree, on_loopback_sshd
 from local.host import releases
 from local.validation import samples
 from local.host.verbs import RemoteHost
 from local.inventory.schema import load
 from benchmarks.harness.checkout import Bench, wait_for
+from benchmarks.harness.pairing import against_ref, median_seconds, paired
+from benchmarks.harness.ref_checkout import Ref, RefBench
 
 FAILING = "F"  # a dataset whose job fails every time, so that each rerun relaunches one job
 
@@ -45,75 +50,118 @@ def inv_argv(*args: str) -> list[str]:
     return [str(script), *args] if script.exists() else [sys.executable, "-m", "invoke", *args]
 
 
-def run(repeat: int = 5) -> dict[str, Any]:
-    return on_loopback_sshd(measure, repeat)
+DEPLOY = inv_argv("deploy", "-i", "test")
+RERUN = inv_argv("deploy", "rerun", "--failed")  # the README's one-line form, INVOKE_INVENTORY=test
 
 
-def measure(bench: Bench, work: Path, repeat: int) -> dict[str, Any]:
-    assert bench.sshd is not None
-    sshd = bench.sshd
-    datasets = {f"D{i:02d}": "records=1" for i in range(9)}
-    bench.scripted({**datasets, FAILING: "records=1 exit=3"})
+def run(repeat: int = 5, against: Ref | None = None) -> dict[str, Any]:
+    return on_loopback_sshd(measure, repeat, against)
+
+
+def edited(bench: Bench) -> Path:
+    """The module each one-file edit appends to."""
+    return bench.checkout / "remote" / "tree" / "m000.py"
+
+
+def edit(bench: Bench) -> None:
+    edited(bench).write_text(edited(bench).read_text() + "# edit\n")
+
+
+def run_quietly(bench: Bench, argv: list[str]) -> None:
+    """`argv` from `bench`'s checkout, the inventory named as the README's one-line loop names it."""
+    env = {**os.environ, "INVOKE_INVENTORY": "test"}
+    subprocess.run(argv, cwd=bench.checkout, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+
+
+def failed_again(bench: Bench) -> None:
+    """Wait for the failing job to have failed (again, after a rerun)."""
+    wait_for(lambda: bench.poll().get(f"{FAILING}/prep", {}).get("state") == "failed", 60, "the failing job to fail")
+
+
+def prepare(bench: Bench) -> None:
+    """The tree grown, deployed and launched, the failing job failed: where the loop starts."""
+    bench.scripted({**{f"D{i:02d}": "records=1" for i in range(9)}, FAILING: "records=1 exit=3"})
     grow_tree(bench.checkout)
-    edited = bench.checkout / "remote" / "tree" / "m000.py"
-
-    def edit() -> None:
-        edited.write_text(edited.read_text() + "# edit\n")
-
-    def run_quietly(argv: list[str]) -> None:
-        env = {**os.environ, "INVOKE_INVENTORY": "test"}
-        subprocess.run(argv, cwd=bench.checkout, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-
     bench.inv("deploy")  # the first deploy validates every dataset and sends everything
     bench.inv("launch", "--stage", "prep")
-    wait_for(lambda: bench.poll().get(f"{FAILING}/prep", {}).get("state") == "failed", 60, "the failing job")
+    failed_again(bench)
+
+
+def measure(bench: Bench, work: Path, repeat: int, ref: RefBench | None = None) -> dict[str, Any]:
+    assert bench.sshd is not None
+    sshd = bench.sshd
+    for side in [bench, ref] if ref else [bench]:
+        prepare(side)
+    run_here = lambda argv: run_quietly(bench, argv)  # noqa: E731
 
     destination = f"{sshd.destination}:{work / 'rsync-copy'}/"
     rsync = ["rsync", "-az", "-e", sshd.rsh(), "remote", "inventories", destination]
-    run_quietly(rsync)
-    deploy_inv = inv_argv("deploy", "-i", "test")
-    run_quietly(deploy_inv)
+    run_here(rsync)
+    run_quietly(bench, DEPLOY)
 
-    noop = paired(lambda: run_quietly(deploy_inv), lambda: run_quietly(rsync), repeat)
-    one_file = paired(lambda: (edit(), run_quietly(deploy_inv)), lambda: (edit(), run_quietly(rsync)), repeat)
+    noop = paired(lambda: run_here(DEPLOY), lambda: run_here(rsync), repeat)
+    one_file = paired(lambda: (edit(bench), run_here(DEPLOY)), lambda: (edit(bench), run_here(rsync)), repeat)
 
-    rerun = _rerun_failed_vs_scp(bench, work, edited, edit, run_quietly, repeat)
-    return {
+    rerun = _rerun_failed_vs_scp(bench, work, repeat)
+    figures = {
         "as_typed": {
             "deploy_noop_vs_rsync": noop,
             "deploy_one_file_vs_rsync": one_file,
             "deploy_rerun_failed_vs_scp_plus_ssh": rerun,
         },
-        "phases": phases(bench, repeat),
     }
+    if ref:
+        figures["vs_ref"] = vs_ref(bench, ref, repeat)
+    return {**figures, "phases": phases(bench, repeat)}
 
 
-def _rerun_failed_vs_scp(bench: Bench, work: Path, edited: Path, edit: Callable[[], None],
-                         run_quietly: Callable[[list[str]], None], repeat: int) -> dict[str, float]:
+def vs_ref(bench: Bench, ref: RefBench, repeat: int) -> dict[str, Any]:
+    """The loop's commands as typed, in this checkout and in REF's in turn: their ratio this/REF."""
+    def both_failed() -> None:  # a rerun's relaunched job, running on the host, would slow the next command
+        failed_again(bench)
+        failed_again(ref)
+
+    commands = {"deploy_noop_as_typed": (DEPLOY, False), "deploy_one_file_as_typed": (DEPLOY, True),
+                "deploy_rerun_failed_as_typed": (RERUN, True)}
+    figures: dict[str, Any] = {"ref": ref.ref.name, "commit": ref.ref.commit[:12]}
+    for name, (argv, edits) in commands.items():
+        figures[name] = against_ref(_typed(bench, argv, edits), _typed(ref, argv, edits), repeat, both_failed,
+                                    meters=cpu_meters(bench))
+    both_failed()
+    return figures
+
+
+def _typed(bench: Bench, argv: list[str], edits: bool) -> Callable[[], None]:
+    """`argv` as typed in `bench`'s checkout, after one edit of the tree when `edits`."""
+    def action() -> None:
+        if edits:
+            edit(bench)
+        run_quietly(bench, argv)
+
+    return action
+
+
+def _rerun_failed_vs_scp(bench: Bench, work: Path, repeat: int) -> dict[str, float]:
     """The edit-and-rerun loop as typed (`inv deploy rerun --failed`) against its floor by hand
     (`scp` of the edited file, then `ssh host true`), each round after the job failed again."""
     assert bench.sshd is not None
     sshd = bench.sshd
-    loop_inv = inv_argv("deploy", "rerun", "--failed")  # the README's one-line form, INVOKE_INVENTORY=test
     scp_options = ["-P" if option == "-p" else option for option in sshd.ssh_options()[1:]]  # scp's port flag is -P
-    scp = ["scp", "-q", *scp_options, str(edited), f"{sshd.destination}:{work / 'scp-copy.py'}"]
+    scp = ["scp", "-q", *scp_options, str(edited(bench)), f"{sshd.destination}:{work / 'scp-copy.py'}"]
     ssh_true = sshd.ssh_argv("true")
 
-    def failed_again() -> None:  # outside the timing: the relaunched job must have failed again
-        wait_for(lambda: bench.poll().get(f"{FAILING}/prep", {}).get("state") == "failed", 60, "the job to fail again")
-
     def loop() -> None:
-        edit()
-        run_quietly(loop_inv)
+        edit(bench)
+        run_quietly(bench, RERUN)
 
     def seed_loop() -> None:
-        edit()
-        run_quietly(scp)
-        run_quietly(ssh_true)
+        edit(bench)
+        run_quietly(bench, scp)
+        run_quietly(bench, ssh_true)
 
     timed_loop, timed_seed = [], []
     for _ in range(repeat):
-        failed_again()
+        failed_again(bench)
         for action, times in ((loop, timed_loop), (seed_loop, timed_seed)):
             started = time.perf_counter()
             action()

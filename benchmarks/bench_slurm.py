@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from benchmarks.bench_control import JOBS, median_seconds, once
+from benchmarks.bench_control import JOBS, once
+from benchmarks.harness.pairing import median_seconds
 from local.jobs import specs
 from local.inventory.schema import load
 from benchmarks.harness.checkout import SAMPLES, SCRIPTED, Bench, copy_checkout, wait_for

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.bench_control import median_seconds
+from benchmarks.harness.pairing import median_seconds
 from local.views import status_table
 
 COUNTS = (20, 40, 80, 160, 1000)

@@ -13,6 +13,9 @@ against SpecForge 0.2.0's on the same states and held-out split: CPU seconds and
 phases (the inference server's starts and the target's loads in one `inv run` of ten datasets), states
 (train's reading of the stored states with their size and checksum checked, against the plain read).
 Figures are recorded in docs/benchmarks.md.
+
+With `against` (`inv bench --against REF`), the suites that time commands as typed (control, loop)
+also time each in a checkout of that commit, in turn with this checkout's: the ratio this/REF.
 """
 
 from __future__ import annotations
@@ -23,16 +26,29 @@ import sys
 import time
 from typing import Any
 
+from benchmarks.harness.ref_checkout import resolve
+from local.exceptions import AerieError
+
 SUITES = ("control", "loop", "view", "prep", "infer", "extract", "slurm", "chunked", "train", "ranks", "phases", "states")
+#: The suites that time commands as typed, and so can time them in a checkout of another commit too.
+AGAINST = ("control", "loop")
 
 
-def run(only: list[str] | None = None) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    for name in only or SUITES:
+def run(only: list[str] | None = None, against: str | None = None) -> dict[str, Any]:
+    """Each suite's figures; given `against` (a commit), the as-typed ones also against that commit's checkout."""
+    names = only or (list(AGAINST) if against else list(SUITES))
+    for name in names:
         if name not in SUITES:
-            raise ValueError(f"unknown benchmark {name!r}: expected one of {', '.join(SUITES)}")
+            raise AerieError(f"unknown benchmark {name!r}: expected one of {', '.join(SUITES)}")
+    ref = resolve(against) if against is not None else None
+    if ref and (others := [name for name in names if name not in AGAINST]):
+        raise AerieError(f"--against times the as-typed suites only ({', '.join(AGAINST)}), not {', '.join(others)}: "
+                         f"`inv bench --only {','.join(AGAINST)} --against {against}`")
+    results: dict[str, Any] = {}
+    for name in names:
+        suite = importlib.import_module(f"benchmarks.bench_{name}")
         started = time.perf_counter()
-        results[name] = importlib.import_module(f"benchmarks.bench_{name}").run()
+        results[name] = suite.run(against=ref) if ref else suite.run()
         results[name]["suite_seconds"] = round(time.perf_counter() - started, 1)
     return results
 

@@ -85,7 +85,7 @@ class Bench:
     def inv(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """`inv ARGS -i test` from the checkout, as a user would type it."""
         argv = [sys.executable, "-m", "invoke", *args]
-        if "-i" not in args and "--inventory" not in args and args[0] not in ("--list",):
+        if "-i" not in args and "--inventory" not in args and args[0] not in ("--list", "--version"):
             argv += ["-i", "test"]
         env = {**os.environ, "COLUMNS": "200"}  # wide enough that rich truncates no cell
         done = subprocess.run(argv, cwd=self.checkout, capture_output=True, text=True, timeout=timeout, env=env)

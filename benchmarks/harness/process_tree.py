@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -28,3 +29,17 @@ def process_name(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds used by `root` and everything under it, the ended included: each live process's own
+    time and that of the children it has waited for (an ended child's time is in its parent's)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in [root, *descendants(root)]:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile: its time is in its parent's now, or soon
+        total += sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+    return total / tick

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 from local.console import line
 from local.jobs import pipeline, specs
-from local.tasks import planning
 from local.visible import VisibleStream, visible
 from remote.vocabulary.layout import job_key
 from remote.vocabulary.states import BAD, DRAFT, RUNNER
@@ -72,6 +71,8 @@ def rerun(host: RemoteHost, console: Console, datasets: list[str] | None, stages
     if isinstance(results, dict):  # the host asks for the last `inv run`'s pipeline, rebuilt: then it reruns
         rebuilt = rebuilt_pipeline(host, console, results["rebuild"])
         if rebuilt:  # checked as `inv run` checks it: a fix that is itself wrong is told now, not by failed jobs
+            from local.tasks import planning  # here: its tables import rich, which launch, stop and logs never need
+
             planning.require_ready(host, results["rebuild"]["datasets"])
         results = host.call("rerun", **request, **rebuilt)
     relaunched = [r for r in results if r["launched"]]
