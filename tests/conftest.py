@@ -98,9 +98,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
-        group = worker_group(item)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+    for item, group in worker_groups(items).items():
+        item.add_marker(pytest.mark.xdist_group(group))
     # The slowest first: on two cores a long end-to-end test started last would run on alone.
     items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
 
@@ -117,23 +116,38 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                                 f"pytest {pytest.__version__}: install pyproject's pinned pytest (.ci/setup)")
 
 
-def worker_group(item: pytest.Item) -> str | None:
-    """The worker group `item` joins, if it has none of its own: a service it uses (`SERVICES`), else its
-    module's name when it uses a module-scoped fixture, so that the fixture is built once, not once per worker
-    that draws one of the module's tests (and again each time that worker comes back to the module)."""
-    if item.get_closest_marker("xdist_group") is not None:
-        return None
+def worker_groups(items: list[pytest.Item]) -> dict[pytest.Item, str]:
+    """The worker group of each test that has none of its own: the tests that use a service (`SERVICES`) share
+    a worker, and so do those that use a module-scoped fixture (their module's name, or the one service the
+    module's tests use), so that the fixture is built once, not once per worker that draws one of the module's
+    tests, nor again each time that worker comes back to the module."""
+    mine = [item for item in items if item.get_closest_marker("xdist_group") is None]
+    service = {item: _service(item) for item in mine}
+    services: dict[str, set[str]] = {}
+    for item, used in service.items():
+        if used:
+            services.setdefault(item.nodeid.split("::")[0], set()).add(used)
+    groups = {}
+    for item in mine:
+        module = item.nodeid.split("::")[0]
+        if _uses_a_module_fixture(item):
+            shared = services.get(module, set())
+            groups[item] = next(iter(shared)) if len(shared) == 1 else module
+        elif service[item]:
+            groups[item] = service[item]
+    return groups
+
+
+def _service(item: pytest.Item) -> str | None:
     names = set(getattr(item, "fixturenames", ()))
     if item.get_closest_marker("slurm") is not None:  # the bench of backend slurm asks for the cluster when it runs
         names.add("slurm")
-    for fixture, group in SERVICES.items():
-        if fixture in names:
-            return group
+    return next((group for fixture, group in SERVICES.items() if fixture in names), None)
+
+
+def _uses_a_module_fixture(item: pytest.Item) -> bool:
     info = getattr(item, "_fixtureinfo", None)
-    defs = info.name2fixturedefs.values() if info is not None else ()
-    if any(d.scope == "module" for chain in defs for d in chain):
-        return item.module.__name__ if getattr(item, "module", None) is not None else None
-    return None
+    return info is not None and any(d.scope == "module" for chain in info.name2fixturedefs.values() for d in chain)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -64,7 +64,8 @@ def extract_into(root: Path, extracted: dict) -> dict[str, str]:
     """The session's extraction of 10 records (`extracted`: the extract stage run once) copied under `root`,
     for a test to read or damage; the extract stage's environment there, to run it again."""
     assert extracted["result"].returncode == 0, extracted["result"].stderr
-    shutil.copytree(extracted["root"] / "data" / "A1", root / "data" / "A1")
+    for stage in ("prep", "extract"):  # not what other tests made of it since (test_train trains there)
+        shutil.copytree(extracted["root"] / "data" / "A1" / stage, root / "data" / "A1" / stage)
     shared = json.loads(extracted["env"]["AERIE_CONFIG"])["inventory"]  # the tiny target it was extracted with
     return stage_env(root, "extract", EXTRACT_SETTINGS, shared)
 
