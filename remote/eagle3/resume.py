@@ -80,6 +80,14 @@ def load(directory: Path, draft: torch.nn.Module) -> TrainState | None:
     return TrainState(**saved)
 
 
+def saved_world(directory: Path) -> int | None:
+    """How many processes trained the state saved in `directory` (None: nothing saved), its weights left unread."""
+    path = directory / FILE
+    if not path.is_file():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("world", 1)
+
+
 def check_world(saved: TrainState, world: int, nproc_setting: str = "stages.train.nproc") -> None:
     """Refuse (one line) to go on from `saved` with another number of processes than trained it."""
     from remote.eagle3 import StageInputError

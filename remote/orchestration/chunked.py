@@ -239,8 +239,8 @@ class Chunked:
     def measure_epochs(self, steps: int) -> None:
         """The draft on the held-out records each time the steps taken pass a whole epoch's worth."""
         measured = self.trainer.measured() if self.trainer is not None and self.trainer.heldout else None
-        if measured is not None and steps // max(self.steps_per_epoch(), 1) > measured:
-            self.trainer.measure(steps // max(self.steps_per_epoch(), 1))
+        if measured is not None and (epoch := steps // max(self.steps_per_epoch(), 1)) > measured:
+            self.trainer.measure(epoch)
 
     def estimate(self, index: int, position: int) -> None:
         """Seconds left: the records still to extract and the steps still to train, each at its measured speed."""

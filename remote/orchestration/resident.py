@@ -135,12 +135,9 @@ def check_world(output: Path, nproc: int) -> None:
     from remote.eagle3 import resume
     from remote.eagle3.session import RESUME
 
-    path = output / RESUME / resume.FILE
-    if path.is_file():
-        import torch
-
-        saved = torch.load(path, map_location="cpu", weights_only=False, mmap=True)  # mapped: the weights stay unread
-        resume.check_world(resume.TrainState(world=saved.get("world", 1)), nproc)
+    world = resume.saved_world(output / RESUME)
+    if world is not None:
+        resume.check_world(resume.TrainState(world=world), nproc)
 
 
 def trainer(nproc: int, ctx: StageContext, settings: dict[str, Any], output: Path, heldout: list[Path],
