@@ -34,9 +34,12 @@ def marked(hosts: Fleet) -> Callable[[], dict[str, Any]]:
 
 def mark(jobs: list[dict[str, Any]], inventory: Inventory) -> None:
     """Add ``out_of_date`` (why) to each succeeded job of `jobs` (one host's) that is no longer up to date."""
-    runner = next((j for j in jobs if (j["dataset"], j["stage"]) == (RUNNER, RUNNER_STAGE)), {})
-    built, needs = expected(inventory, runner.get("built_from"))
     by_key = {layout.job_key(j["dataset"], j["stage"]): j for j in jobs}
+    ran = {key for key, job in by_key.items() if job["state"] == JobState.SUCCEEDED.value and "fingerprint" in job}
+    if not ran:  # only a job that succeeded can be out of date: no spec to build
+        return
+    runner = by_key.get(layout.job_key(RUNNER, RUNNER_STAGE), {})
+    built, needs = expected(inventory, runner.get("built_from"), ran)
     for key, job in by_key.items():  # NOTE: in the host's order; the pipeline's order below
         reasons = _reasons(job, built.get(key))
         if reasons:
@@ -55,20 +58,28 @@ def _reasons(job: dict[str, Any], built: set[str] | None) -> list[str]:
     return reasons + [f"{name} is newer" for name in job.get("newer_inputs") or []]
 
 
-def expected(inventory: Inventory, built_from: dict[str, Any] | None) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
-    """The fingerprints of every spec the inventory builds now, by job (a job launched alone and the same job
-    in the pipeline may differ: either is up to date), and the pipeline's needs, in its order. The pipeline
-    is the last run's datasets (those still in the inventory) and route."""
+def expected(inventory: Inventory, built_from: dict[str, Any] | None,
+             keys: set[str]) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
+    """The fingerprints of the specs the inventory builds now for the jobs `keys` (a job launched alone and the
+    same job in the pipeline may differ: either is up to date), and the pipeline's needs, in its order. The
+    pipeline is the last run's datasets (those still in the inventory) and route. Only `keys`' specs are
+    fingerprinted: `inv status` of 40 datasets would otherwise build ~280."""
     built: dict[str, set[str]] = {}
-    for key, spec in specs.all_specs(inventory).items():
-        built.setdefault(key, set()).add(fingerprint(spec))
+    stages = set(inventory.stage_names())
+    for name in inventory.datasets:
+        for stage in stages:
+            key = layout.job_key(name, stage)
+            if key in keys:
+                built.setdefault(key, set()).add(fingerprint(specs.spec(inventory, name, stage)))
     last = [name for name in (built_from or {}).get("datasets", []) if name in inventory.datasets]
     route = (built_from or {}).get("route", "offline")
     plan = pipeline.graph(inventory, last or None, route) if inventory.datasets else []
     for node in plan:
-        built.setdefault(node["key"], set()).add(fingerprint(node["spec"]))
-    try:
-        built[layout.job_key(DRAFT, "eval")] = {fingerprint(specs.eval_spec(inventory))}
-    except AerieError:
-        pass  # no target to evaluate: nothing to compare the last evaluation with
+        if node["key"] in keys:
+            built.setdefault(node["key"], set()).add(fingerprint(node["spec"]))
+    if layout.job_key(DRAFT, "eval") in keys:
+        try:
+            built[layout.job_key(DRAFT, "eval")] = {fingerprint(specs.eval_spec(inventory))}
+        except AerieError:
+            pass  # no target to evaluate: nothing to compare the last evaluation with
     return built, {node["key"]: node["needs"] for node in plan}
