@@ -1,4 +1,5 @@
-"""`inv run`'s scheduling, end to end through the real tasks on both backends.
+"""`inv run`'s scheduling, end to end through the real tasks over the loopback sshd
+(the scheduling is the host's; the local backend's transport is test_control_plane.py's).
 
 Every stage is benchmarks/harness/scripted_stage.py (plans per dataset and stage in a
 directory), so these tests are about order, the GPU's exclusivity, the managed
@@ -16,7 +17,7 @@ import pytest
 from benchmarks.harness.checkout import Bench, wait_for
 from tests.helpers.pipelines import pipeline_inventory, traces, wait_pipeline
 
-pytestmark = [pytest.mark.e2e, pytest.mark.backends("local", "ssh")]
+pytestmark = [pytest.mark.e2e, pytest.mark.backends("ssh")]
 
 
 def test_run_follows_the_dag_and_never_shares_the_gpu(bench: Bench, free_port: int) -> None:

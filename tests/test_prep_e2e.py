@@ -1,6 +1,7 @@
 """Prep end to end through the real tasks: `inv validate` → `inv deploy` → `inv launch --stage prep` → `inv status`.
 
-On both backends (`local`: subprocesses; `ssh`: the loopback sshd), with the real
+Over the loopback sshd (prep runs on the host alike on either backend; the local backend's
+transport is test_control_plane.py's), with the real
 prep stage and the tiny Kimi-style tokenizer, over the sample files shipped in
 inventories/samples/: the records that `inv status` shows must be the rows of
 those files, and the outputs must be on the host.
@@ -17,8 +18,8 @@ import pytest
 from benchmarks.harness.checkout import REPO, Bench, wait_for
 from tests.prep_fixtures import tiny_tokenizer_dir  # noqa: F401 (a session fixture, built once)
 
-pytestmark = [pytest.mark.e2e, pytest.mark.backends("local", "ssh")]
-# NOTE: the host's Python is this virtualenv's on both backends: prep needs transformers.
+pytestmark = [pytest.mark.e2e, pytest.mark.backends("ssh")]
+# NOTE: the host's Python is this virtualenv's: prep needs transformers.
 
 SAMPLES = REPO / "inventories" / "samples"
 UNKNOWN_ROLES = REPO / "tests" / "fixtures" / "prep" / "unknown_roles.jsonl"

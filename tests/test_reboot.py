@@ -3,7 +3,8 @@
 The reboot is simulated the way it looks from the job store: every job's process group
 and the pipeline's inference server SIGKILLed, and the server's recorded pid given to
 an unrelated process (a `sleep` in a session of its own, as a tmux session or a login
-shell would be). Then `inv rerun --failed`, through the real tasks on both backends.
+shell would be). Then `inv rerun --failed`, through the real tasks over the loopback sshd
+(what it proves is the host's; the local backend's transport is test_control_plane.py's).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 
 from benchmarks.harness.checkout import SCRIPTED, Bench, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.backends("local", "ssh")]
+pytestmark = [pytest.mark.e2e, pytest.mark.backends("ssh")]
 
 
 def pipeline_inventory(bench: Bench, plans: Path, port: int) -> None:

@@ -5,7 +5,8 @@ a terminal, `--follow` prints a line per change of state while the run goes on.
 
 Real parts: the real prep and infer stages (infer against a loopback server that is up but answers
 every request with a 500: one that is down is refused before the run, tests/test_before_the_run.py), the runner and
-the tasks, run as a user types them; the other stages are benchmarks/harness/scripted_stage.py.
+the tasks, run as a user types them over the loopback sshd (what ends a run is the host's; the local
+backend's transport is test_control_plane.py's); the other stages are benchmarks/harness/scripted_stage.py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from benchmarks.harness.checkout import SAMPLES, SCRIPTED, Bench, wait_for
 from tests.infer_fixtures import ScriptedServer
 from tests.prep_fixtures import tiny_tokenizer_dir  # noqa: F401 (a session fixture, built once)
 
-pytestmark = [pytest.mark.e2e, pytest.mark.backends("local", "ssh")]
+pytestmark = [pytest.mark.e2e, pytest.mark.backends("ssh")]
 
 
 def follower(bench: Bench, *args: str) -> subprocess.Popen[str]:

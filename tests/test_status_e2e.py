@@ -19,7 +19,7 @@ import pytest
 from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
 from tests.helpers.busy_gpus import STAND_IN
 
-pytestmark = [pytest.mark.e2e, pytest.mark.backends("local", "ssh")]
+pytestmark = [pytest.mark.e2e, pytest.mark.backends("ssh")]
 
 
 def test_a_running_job_with_a_known_total_has_eta_s_in_json_and_an_eta_in_the_table(bench: Bench) -> None:
