@@ -35,7 +35,8 @@ def marked(hosts: Fleet) -> Callable[[], dict[str, Any]]:
 def mark(jobs: list[dict[str, Any]], inventory: Inventory) -> None:
     """Add ``out_of_date`` (why) to each succeeded job of `jobs` (one host's) that is no longer up to date."""
     by_key = {layout.job_key(j["dataset"], j["stage"]): j for j in jobs}
-    ran = {key for key, job in by_key.items() if job["state"] == JobState.SUCCEEDED.value and "fingerprint" in job}
+    ran = {key: (job["dataset"], job["stage"]) for key, job in by_key.items()
+           if job["state"] == JobState.SUCCEEDED.value and "fingerprint" in job}
     if not ran:  # only a job that succeeded can be out of date: no spec to build
         return
     runner = by_key.get(layout.job_key(RUNNER, RUNNER_STAGE), {})
@@ -59,25 +60,23 @@ def _reasons(job: dict[str, Any], built: set[str] | None) -> list[str]:
 
 
 def expected(inventory: Inventory, built_from: dict[str, Any] | None,
-             keys: set[str]) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
-    """The fingerprints of the specs the inventory builds now for the jobs `keys` (a job launched alone and the
-    same job in the pipeline may differ: either is up to date), and the pipeline's needs, in its order. The
-    pipeline is the last run's datasets (those still in the inventory) and route. Only `keys`' specs are
-    fingerprinted: `inv status` of 40 datasets would otherwise build ~280."""
+             ran: dict[str, tuple[str, str]]) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
+    """The fingerprints of the specs the inventory builds now for the jobs `ran` (key: dataset, stage; a job
+    launched alone and the same job in the pipeline may differ: either is up to date), and the pipeline's needs,
+    in its order. The pipeline is the last run's datasets (those still in the inventory) and route. Only `ran`'s
+    specs are built: every spec of a large inventory would cost `inv status` more than its round trip."""
     built: dict[str, set[str]] = {}
-    stages = set(inventory.stage_names())
-    for name in inventory.datasets:
-        for stage in stages:
-            key = layout.job_key(name, stage)
-            if key in keys:
-                built.setdefault(key, set()).add(fingerprint(specs.spec(inventory, name, stage)))
+    stages = inventory.stage_names()
+    for key, (name, stage) in ran.items():
+        if name in inventory.datasets and stage in stages:  # the rest are the pipeline's own (tokenize, draft/...)
+            built.setdefault(key, set()).add(fingerprint(specs.spec(inventory, name, stage)))
     last = [name for name in (built_from or {}).get("datasets", []) if name in inventory.datasets]
     route = (built_from or {}).get("route", "offline")
     plan = pipeline.graph(inventory, last or None, route) if inventory.datasets else []
     for node in plan:
-        if node["key"] in keys:
+        if node["key"] in ran:
             built.setdefault(node["key"], set()).add(fingerprint(node["spec"]))
-    if layout.job_key(DRAFT, "eval") in keys:
+    if layout.job_key(DRAFT, "eval") in ran:
         try:
             built[layout.job_key(DRAFT, "eval")] = {fingerprint(specs.eval_spec(inventory))}
         except AerieError:
