@@ -14,6 +14,7 @@ empty directory and SSH_AUTH_SOCK is unset for the whole session.
 
 from __future__ import annotations
 
+import compileall
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 
 from tests.needs import need
 from tests.slurm_fixtures import slurm  # noqa: F401 (the session's Slurm cluster, a fixture)
-from benchmarks.harness.checkout import Bench, copy_checkout
+from benchmarks.harness.checkout import REPO, Bench, copy_checkout
 from benchmarks.harness.sshd import SshServer, SshServerError, free_port as _free_port, require_openssh, start_server
 
 LOOPBACK_ONLY_ENV = "AERIE_TEST_ONLY_LOOPBACK"
@@ -150,9 +151,23 @@ def _uses_a_module_fixture(item: pytest.Item) -> bool:
     return info is not None and any(d.scope == "module" for chain in info.name2fixturedefs.values() for d in chain)
 
 
+#: Before torch is imported anywhere, for this process and every process it starts: the tensors are tiny, and on
+#: two cores shared by four workers a second OpenMP thread only spins (inventories/local.yaml sets it for its jobs).
+THREADS = {"OMP_NUM_THREADS": "1"}
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", BACKENDS_MARKER)
+    os.environ.update(THREADS)
+    # Some machines set PYTHONDONTWRITEBYTECODE: without it, Python caches bytecode as on a user's laptop and host,
+    # and not every `inv`, job and host command compiles aerie's modules again. The controller compiles the
+    # checkout once, before a worker copies it (`copy_checkout` keeps the bytecode).
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    if not hasattr(config, "workerinput"):
+        compileall.compile_file(REPO / "tasks.py", quiet=2)
+        for part in ("local", "remote"):
+            compileall.compile_dir(REPO / part, quiet=2)
     # Before pytest-socket reads its options: loopback only, whatever the command line says.
     if config.getoption("--force-enable-socket"):
         raise pytest.UsageError("aerie's tests reach loopback only: --force-enable-socket is refused")
