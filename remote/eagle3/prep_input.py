@@ -43,8 +43,12 @@ def read_records(prep_dir: Path) -> Iterator[Record]:
     import pyarrow.parquet as pq
 
     for file in shard_files(prep_dir):
-        missing = [c for c in COLUMNS if c not in pq.read_schema(file).names]
-        if missing:
-            raise StageInputError(f"{file} lacks column(s) {', '.join(missing)}: rerun prep on the current release")
-        for row in pq.read_table(file, columns=COLUMNS).to_pylist():
+        # NOTE: one file at a time with ParquetFile: pq.read_table would import pyarrow.dataset, and pandas with it,
+        # at every extract and train start, for nothing they use.
+        with pq.ParquetFile(file) as shard:
+            missing = [c for c in COLUMNS if c not in shard.schema_arrow.names]
+            if missing:
+                raise StageInputError(f"{file} lacks column(s) {', '.join(missing)}: rerun prep on the current release")
+            rows = shard.read(columns=COLUMNS).to_pylist()
+        for row in rows:
             yield Record(str(row["id"]), list(row["input_ids"]), list(row["loss_mask"]))
