@@ -14,7 +14,6 @@ empty directory and SSH_AUTH_SOCK is unset for the whole session.
 
 from __future__ import annotations
 
-import compileall
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 
 from tests.needs import need
 from tests.slurm_fixtures import slurm  # noqa: F401 (the session's Slurm cluster, a fixture)
-from benchmarks.harness.checkout import REPO, Bench, copy_checkout
+from benchmarks.harness.checkout import Bench, compile_checkout, copy_checkout
 from benchmarks.harness.sshd import SshServer, SshServerError, free_port as _free_port, require_openssh, start_server
 
 LOOPBACK_ONLY_ENV = "AERIE_TEST_ONLY_LOOPBACK"
@@ -165,9 +164,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # checkout once, before a worker copies it (`copy_checkout` keeps the bytecode).
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     if not hasattr(config, "workerinput"):
-        compileall.compile_file(REPO / "tasks.py", quiet=2)
-        for part in ("local", "remote"):
-            compileall.compile_dir(REPO / part, quiet=2)
+        compile_checkout()
     # Before pytest-socket reads its options: loopback only, whatever the command line says.
     if config.getoption("--force-enable-socket"):
         raise pytest.UsageError("aerie's tests reach loopback only: --force-enable-socket is refused")

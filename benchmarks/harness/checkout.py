@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import shutil
@@ -23,6 +24,17 @@ REPO = Path(__file__).resolve().parents[2]
 CHECKOUT_PARTS = ("tasks.py", "invoke.yaml", "pyproject.toml", "local", "remote", "inventories")
 SCRIPTED = Path(__file__).resolve().parent / "scripted_stage.py"
 SAMPLES = {"native": REPO / "inventories/samples/sharegpt.jsonl", "prompts": REPO / "inventories/samples/prompts_alpaca.jsonl"}
+
+
+def compile_checkout() -> None:
+    """Cache the bytecode of the checkout's Python, for `copy_checkout` to carry (needed where
+    PYTHONDONTWRITEBYTECODE kept Python from caching it)."""
+    for part in CHECKOUT_PARTS:
+        source = REPO / part
+        if source.is_dir():
+            compileall.compile_dir(source, quiet=2)
+        elif source.suffix == ".py":
+            compileall.compile_file(source, quiet=2)
 
 
 def copy_checkout(target: Path) -> Path:
