@@ -27,6 +27,7 @@ from remote.prep.errors import PrepError
 from remote.prep.load import Source, iter_rows
 from remote.prep.preparer import Summary, run_prep
 from remote.prep.prep_settings import PrepSettings, Target
+from remote.prep.without_torch import import_transformers
 from remote.vocabulary.wire import emit
 
 
@@ -102,6 +103,8 @@ def main(argv: list[str]) -> int:
     if not isinstance(request, dict):
         print("validate: the request must be a JSON object with target, stage and datasets", file=sys.stderr)
         return 2
+    if Target.from_config(request.get("target") or {}).tokenizer:
+        import_transformers()
     emit(validate(request))
     return 0
 
