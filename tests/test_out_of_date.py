@@ -299,6 +299,35 @@ def test_status_marks_a_job_whose_settings_changed_what_reads_a_newer_output_and
     assert newer["out_of_date"] == "/d/a.jsonl is newer" and "out_of_date" not in failed  # only a success is dated
 
 
+def test_status_builds_the_specs_of_the_jobs_that_ran_only_and_still_dates_what_comes_after_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from local.tasks.out_of_date import mark
+    from remote.vocabulary.spec_changes import fingerprint
+
+    path = tmp_path / "inv.yaml"
+    path.write_text(f"backend: local\nhost: {{root: {tmp_path / 'root'}}}\ndatasets:\n"
+                    + "".join(f"  P{i}: {{source: p.jsonl, kind: prompts}}\n" for i in range(5)))
+    inventory = load(str(path))
+    prep = {"dataset": "P0", "stage": "prep", "state": "succeeded",
+            "fingerprint": fingerprint(specs.spec(inventory, "P0", "prep"))}
+    infer = {"dataset": "P0", "stage": "infer", "state": "succeeded", "fingerprint": "an older spec's"}
+    built, build = [], specs.spec
+
+    def counted(inventory, name, stage, **inputs):
+        built.append((name, stage))
+        return build(inventory, name, stage, **inputs)
+
+    monkeypatch.setattr(specs, "spec", counted)  # what a job launched alone runs with
+    monkeypatch.setattr(pipeline, "spec", counted)  # and the same job in the pipeline
+
+    mark([prep, infer], inventory)
+
+    # the five datasets' 16 jobs are in the plan (prep, infer, tokenize and extract each, and the draft's train),
+    # but only the two that ran have their specs built, each alone and in the pipeline
+    assert sorted(built) == [("P0", "infer"), ("P0", "infer"), ("P0", "prep"), ("P0", "prep")]
+    assert "out_of_date" not in prep and infer["out_of_date"] == "settings changed"
+
+
 def test_the_status_table_says_out_of_date_in_the_last_column() -> None:
     from local.views.status_columns import View, message
 

@@ -14,8 +14,9 @@ Each job's spec is built whole, once, by `local.jobs.specs.job_spec` (through `s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from local.inventory import secret_values
 from local.jobs.specs import (JobSpec, dataset_entry, job_spec, placement, shared_config, spec, stage_config,
@@ -29,11 +30,25 @@ if TYPE_CHECKING:
 GPU_STAGES = {"infer", "extract", "train"}
 
 
-def node(spec: JobSpec, needs: list[str]) -> dict[str, Any]:
-    stage = spec["stage"]
-    # NOTE: every node carries its executor; the host picks how the plan runs from it (remote.orchestration.runner.start).
-    return {"key": layout.job_key(spec["dataset"], stage), "needs": needs, "gpu": stage in GPU_STAGES,
-            "server": stage == "infer", "spec": spec}
+@dataclass(frozen=True)
+class Step:
+    """One job of the run and what it needs; its spec is built only when asked (`inv status` builds those of the
+    jobs that ran alone, not every job of a large inventory's plan)."""
+
+    dataset: str
+    stage: str
+    needs: list[str]
+    build: Callable[[], JobSpec]
+    gpu: bool = False
+
+    @property
+    def key(self) -> str:
+        return layout.job_key(self.dataset, self.stage)
+
+    def node(self) -> dict[str, Any]:
+        # NOTE: every node carries its executor; the host picks how the plan runs from it (remote.orchestration.runner.start).
+        return {"key": self.key, "needs": self.needs, "gpu": self.gpu or self.stage in GPU_STAGES,
+                "server": self.stage == "infer", "spec": self.build()}
 
 
 def tokens_of(inventory: Inventory, name: str) -> str:
@@ -46,33 +61,39 @@ def host_output(inventory: Inventory, name: str, stage: str) -> str:
     return str(layout.output_dir(PurePosixPath(inventory.host.root), name, stage))
 
 
-def dataset_nodes(inventory: Inventory, name: str, extract: bool) -> list[dict[str, Any]]:
-    nodes = [node(spec(inventory, name, "prep"), [])]
+def dataset_steps(inventory: Inventory, name: str, extract: bool) -> list[Step]:
+    steps = [Step(name, "prep", [], lambda: spec(inventory, name, "prep"))]
     if inventory.datasets[name].kind == "prompts":
         answers = f"{host_output(inventory, name, 'infer')}/conversations.jsonl"
-        nodes.append(node(spec(inventory, name, "infer"), [layout.job_key(name, "prep")]))
-        nodes.append(node(spec(inventory, name, "tokenize", source=answers), [layout.job_key(name, "infer")]))
+        steps.append(Step(name, "infer", [layout.job_key(name, "prep")], lambda: spec(inventory, name, "infer")))
+        steps.append(Step(name, "tokenize", [layout.job_key(name, "infer")],
+                          lambda: spec(inventory, name, "tokenize", source=answers)))
     if extract:
         tokens = tokens_of(inventory, name)
-        nodes.append(node(spec(inventory, name, "extract", inputs=[host_output(inventory, name, tokens)]),
-                          [layout.job_key(name, tokens)]))
-    return nodes
+        steps.append(Step(name, "extract", [layout.job_key(name, tokens)],
+                          lambda: spec(inventory, name, "extract", inputs=[host_output(inventory, name, tokens)])))
+    return steps
 
 
-def graph(inventory: Inventory, datasets: list[str] | None, route: str) -> list[dict[str, Any]]:
+def steps(inventory: Inventory, datasets: list[str] | None, route: str) -> list[Step]:
     """Every job of the run and what each needs, for `route` (auto: not resolved, so offline)."""
     names = inventory.select(datasets)
     offline = route in ("auto", "offline")
-    nodes = [n for name in names for n in dataset_nodes(inventory, name, extract=offline)]
+    each = [s for name in names for s in dataset_steps(inventory, name, extract=offline)]
     if offline:
         extracts = [host_output(inventory, name, "extract") for name in names]
-        return nodes + [node(draft_train(inventory, names[0], {"inputs": extracts}),
-                             [layout.job_key(name, "extract") for name in names])]
+        return each + [Step(DRAFT, "train", [layout.job_key(name, "extract") for name in names],
+                            lambda: draft_train(inventory, names[0], {"inputs": extracts}))]
     prepped = [layout.job_key(name, tokens_of(inventory, name)) for name in names]  # each dataset's prep or tokenize
     preps = {name: host_output(inventory, name, tokens_of(inventory, name)) for name in names}
     if route == "online":
-        return nodes + [node(draft_train(inventory, names[0], {"prep_inputs": preps}), prepped)]
-    return nodes + [{**node(draft_chunked(inventory, preps), prepped), "gpu": True}]
+        return each + [Step(DRAFT, "train", prepped, lambda: draft_train(inventory, names[0], {"prep_inputs": preps}))]
+    return each + [Step(DRAFT, "chunked", prepped, lambda: draft_chunked(inventory, preps), gpu=True)]
+
+
+def graph(inventory: Inventory, datasets: list[str] | None, route: str) -> list[dict[str, Any]]:
+    """The run's plan, as the host's runner reads it: `steps` with their specs."""
+    return [step.node() for step in steps(inventory, datasets, route)]
 
 
 def draft_train(inventory: Inventory, first: str, inputs: dict[str, Any]) -> JobSpec:

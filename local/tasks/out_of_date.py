@@ -64,7 +64,8 @@ def expected(inventory: Inventory, built_from: dict[str, Any] | None,
     """The fingerprints of the specs the inventory builds now for the jobs `ran` (key: dataset, stage; a job
     launched alone and the same job in the pipeline may differ: either is up to date), and the pipeline's needs,
     in its order. The pipeline is the last run's datasets (those still in the inventory) and route. Only `ran`'s
-    specs are built: every spec of a large inventory would cost `inv status` more than its round trip."""
+    specs are built, alone and in the pipeline: every spec of a large inventory would cost `inv status` more than
+    its round trip."""
     built: dict[str, set[str]] = {}
     stages = inventory.stage_names()
     for key, (name, stage) in ran.items():
@@ -72,13 +73,13 @@ def expected(inventory: Inventory, built_from: dict[str, Any] | None,
             built.setdefault(key, set()).add(fingerprint(specs.spec(inventory, name, stage)))
     last = [name for name in (built_from or {}).get("datasets", []) if name in inventory.datasets]
     route = (built_from or {}).get("route", "offline")
-    plan = pipeline.graph(inventory, last or None, route) if inventory.datasets else []
-    for node in plan:
-        if node["key"] in ran:
-            built.setdefault(node["key"], set()).add(fingerprint(node["spec"]))
+    plan = pipeline.steps(inventory, last or None, route) if inventory.datasets else []
+    for step in plan:
+        if step.key in ran:
+            built.setdefault(step.key, set()).add(fingerprint(step.build()))
     if layout.job_key(DRAFT, "eval") in ran:
         try:
             built[layout.job_key(DRAFT, "eval")] = {fingerprint(specs.eval_spec(inventory))}
         except AerieError:
             pass  # no target to evaluate: nothing to compare the last evaluation with
-    return built, {node["key"]: node["needs"] for node in plan}
+    return built, {step.key: step.needs for step in plan}
