@@ -62,17 +62,17 @@ def host_output(inventory: Inventory, name: str, stage: str) -> str:
 
 
 def dataset_steps(inventory: Inventory, name: str, extract: bool) -> list[Step]:
-    steps = [Step(name, "prep", [], lambda: spec(inventory, name, "prep"))]
+    chain = [Step(name, "prep", [], lambda: spec(inventory, name, "prep"))]
     if inventory.datasets[name].kind == "prompts":
         answers = f"{host_output(inventory, name, 'infer')}/conversations.jsonl"
-        steps.append(Step(name, "infer", [layout.job_key(name, "prep")], lambda: spec(inventory, name, "infer")))
-        steps.append(Step(name, "tokenize", [layout.job_key(name, "infer")],
+        chain.append(Step(name, "infer", [layout.job_key(name, "prep")], lambda: spec(inventory, name, "infer")))
+        chain.append(Step(name, "tokenize", [layout.job_key(name, "infer")],
                           lambda: spec(inventory, name, "tokenize", source=answers)))
     if extract:
         tokens = tokens_of(inventory, name)
-        steps.append(Step(name, "extract", [layout.job_key(name, tokens)],
+        chain.append(Step(name, "extract", [layout.job_key(name, tokens)],
                           lambda: spec(inventory, name, "extract", inputs=[host_output(inventory, name, tokens)])))
-    return steps
+    return chain
 
 
 def steps(inventory: Inventory, datasets: list[str] | None, route: str) -> list[Step]:
