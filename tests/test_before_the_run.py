@@ -153,6 +153,33 @@ def test_check_runs_on_a_fresh_host_where_nothing_was_deployed(tmp_path: Path, b
     assert not (tmp_path / "new").exists()  # it ran from the sources it sent: nothing written on the host
 
 
+def test_a_file_with_current_bytecode_is_not_compiled_again_and_one_edited_since_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+    import os
+    import py_compile
+
+    from local.exceptions import AerieError
+    from local.host import releases
+
+    source = tmp_path / "remote" / "stage.py"
+    source.parent.mkdir()
+    source.write_text("X = 1\n")
+    py_compile.compile(str(source), doraise=True)
+    compiled: list[str] = []
+    monkeypatch.setattr(releases, "compile", lambda code, name, mode: compiled.append(name) or builtins.compile(code, name, mode),
+                        raising=False)
+
+    releases.check_sources(tmp_path)
+    assert compiled == []  # its bytecode is current: it compiled
+
+    source.write_text("X = (\n")  # as many bytes, written at another time
+    os.utime(source, (source.stat().st_atime, source.stat().st_mtime - 10))
+    with pytest.raises(AerieError, match=r"^remote/ does not compile, nothing was sent: remote/stage.py:1: '\(' was never closed$"):
+        releases.check_sources(tmp_path)
+    assert compiled == ["remote/stage.py"]
+
+
 @pytest.mark.e2e
 def test_deploy_names_the_file_and_line_of_a_syntax_error_in_prep_s_code(tmp_path: Path) -> None:
     """prep's code is imported by the deploy's validation, before the files to send are compiled."""
