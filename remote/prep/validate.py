@@ -27,7 +27,7 @@ from remote.prep.errors import PrepError
 from remote.prep.load import Source, iter_rows
 from remote.prep.preparer import Summary, run_prep
 from remote.prep.prep_settings import PrepSettings, Target
-from remote.prep.without_torch import import_transformers
+from remote.prep.lean_imports import import_transformers
 from remote.vocabulary.wire import emit
 
 

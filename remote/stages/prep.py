@@ -19,7 +19,7 @@ from remote.prep.count import estimate_rows
 from remote.prep.load import Source, iter_rows
 from remote.prep.preparer import Summary, kept_ratio_failure, run_prep
 from remote.prep.prep_settings import PrepSettings, Target
-from remote.prep.without_torch import import_transformers
+from remote.prep.lean_imports import import_pyarrow, import_transformers
 from remote.prep.write import OutputWriter
 from remote.control_plane.progress import Progress, read_json
 from remote.stages import StageContext
@@ -33,8 +33,9 @@ def main() -> int:
     except KeyError as exc:
         print(f"prep: environment variable {exc.args[0]} is not set (the supervisor sets AERIE_*)", file=sys.stderr)
         return 2
-    if Target.from_config(ctx.shared_config.get("target") or {}).tokenizer:
+    if Target.from_config(ctx.shared_config.get("target") or {}).tokenizer:  # it tokenises and writes shards
         import_transformers()
+        import_pyarrow()
     try:
         return run(ctx)
     except PrepError as exc:
