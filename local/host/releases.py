@@ -67,7 +67,7 @@ def check_sources(repo: Path = REPO, paths: list[str] | None = None) -> None:
 
 def _cached(path: Path) -> bool:
     """Whether this Python's bytecode of `path` is current (by its mtime and size, as an import decides): it
-    compiled, so it compiles. A first deploy sends every file, and compiling them all costs it more than the rest."""
+    compiled, so it compiles. A first deploy sends every file, most of which this checkout has compiled already."""
     try:
         with open(importlib.util.cache_from_source(str(path)), "rb") as cached:
             header = cached.read(16)

@@ -15,8 +15,6 @@ from __future__ import annotations
 import importlib.abc
 import os
 import sys
-from contextlib import contextmanager
-from typing import Iterator
 
 NO_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"  # its "PyTorch was not found" is about models, not tokenizers
 
@@ -27,10 +25,11 @@ def import_transformers() -> bool:
         return False
     advice = os.environ.get(NO_ADVICE)
     os.environ[NO_ADVICE] = "1"
+    sys.modules["torch"] = None  # type: ignore[assignment]  # importlib's find_spec then answers None
     try:
-        with _hidden("torch"):
-            import transformers  # noqa: F401
+        import transformers  # noqa: F401
     finally:
+        del sys.modules["torch"]
         if advice is None:
             del os.environ[NO_ADVICE]
         else:
@@ -50,16 +49,6 @@ def import_pyarrow() -> bool:
     finally:
         sys.meta_path.remove(_REFUSE_PANDAS)
     return True
-
-
-@contextmanager
-def _hidden(name: str) -> Iterator[None]:
-    """`name` is absent to an import in the block (importlib's find_spec answers None), present again after."""
-    sys.modules[name] = None  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        del sys.modules[name]
 
 
 class _Refuse(importlib.abc.MetaPathFinder):
