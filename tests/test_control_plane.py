@@ -1,7 +1,8 @@
 """The control plane end to end: the real `inv` tasks against this machine and a real loopback sshd.
 
-Every test runs on both backends (`local`: subprocesses; `ssh`: Fabric over the
-test sshd). Stages are benchmarks/harness/scripted_stage.py, an ordinary stage command.
+Every verb runs on each backend (`local`: subprocesses; `ssh`: over the test sshd; `slurm`: jobs sbatched on
+the test cluster); a test of what the host does with a job takes ssh and Slurm (`HOST`). Stages are
+benchmarks/harness/scripted_stage.py, an ordinary stage command.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ BARE_PYTHON = {"python": SYSTEM_PYTHON} if os.path.exists(SYSTEM_PYTHON) else {}
 pytestmark = [pytest.mark.e2e, pytest.mark.backends("local", "ssh", "slurm", ssh=BARE_PYTHON)]
 #: A deploy is the same on a Slurm login node as on any host (no job is submitted): local and ssh.
 DEPLOY = pytest.mark.backends("local", "ssh", ssh=BARE_PYTHON)
+#: What the host does with a job (a failure, a stall, a kill, a stop, a second launch) is the same host code
+#: whether ssh or the local backend carries the command: ssh (the user's way in) and Slurm (its own executor).
+#: The local backend's transport is held by the tests of every verb's round trip (launch, status, logs, watch).
+HOST = pytest.mark.backends("ssh", "slurm", ssh=BARE_PYTHON)
 
 
 def released_files(bench: Bench) -> set[str]:
@@ -153,6 +158,7 @@ def test_status_says_no_jobs_yet_and_exits_zero(bench: Bench) -> None:
     assert "No jobs yet." in bench.inv("status").stdout
 
 
+@HOST
 def test_a_failed_job_shows_its_error_and_rerun_relaunches_only_the_bad_ones(bench: Bench) -> None:
     fixed = bench.root.parent / "fixed"
     bench.scripted({"good": "records=2", "bad": f"records=1 exit=3 unless={fixed}", "empty": "records=0"})
@@ -173,6 +179,7 @@ def test_a_failed_job_shows_its_error_and_rerun_relaunches_only_the_bad_ones(ben
     assert after["empty/prep"]["state"] == "empty"  # not selected by --dataset
 
 
+@HOST
 def test_launching_a_running_job_again_is_refused(bench: Bench) -> None:
     bench.scripted({"A": "records=50 sleep=0.2"})
     bench.inv("deploy")
@@ -182,6 +189,7 @@ def test_launching_a_running_job_again_is_refused(bench: Bench) -> None:
     bench.inv("stop", "--all")
 
 
+@HOST
 def test_two_concurrent_reruns_launch_the_job_once(bench: Bench) -> None:
     bench.scripted({"A": "records=1 exit=1"})
     bench.inv("deploy")
@@ -198,6 +206,7 @@ def test_two_concurrent_reruns_launch_the_job_once(bench: Bench) -> None:
     bench.inv("stop", "-d", "A")
 
 
+@HOST
 def test_kill_9_of_the_supervisor_or_the_stage_is_died(bench: Bench) -> None:
     bench.scripted({"A": "records=100 sleep=0.1", "B": "records=100 sleep=0.1"})
     bench.inv("deploy")
@@ -252,6 +261,7 @@ def _is_descendant(pid: int, ancestor: int) -> bool:
     return False
 
 
+@HOST
 def test_a_job_without_progress_is_stalled_and_rerun_restarts_it(bench: Bench) -> None:
     bench.scripted({"A": "records=1 hold=120"}, stall_after=1.5)
     bench.inv("deploy")
@@ -264,6 +274,7 @@ def test_a_job_without_progress_is_stalled_and_rerun_restarts_it(bench: Bench) -
     bench.inv("stop", "--all")
 
 
+@HOST
 def test_stop_ends_the_whole_process_group_and_records_stopped(bench: Bench) -> None:
     bench.scripted({"A": "records=100 sleep=0.1 child=1"})
     bench.inv("deploy")
@@ -309,6 +320,7 @@ def test_a_job_outlives_the_connection_that_launched_it(bench: Bench) -> None:
     assert bench.wait_state("A/prep", {"succeeded"})["records"] == 20
 
 
+@HOST
 def test_a_job_on_an_older_release_is_marked(bench: Bench) -> None:
     bench.scripted({"A": "records=1"})
     bench.inv("deploy")
