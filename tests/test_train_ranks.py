@@ -156,6 +156,8 @@ def test_a_rank_killed_mid_epoch_fails_the_job_and_inv_rerun_failed_resumes_it_t
     log = bench.inv("logs", "A1", "--stage", "train", "-n", "20", check=False).stdout
     assert "rank 1 of 2 was killed by SIGKILL" in log, log
     bench.inv("rerun", "--failed")
+    # the relaunched run's end, not the failure it replaces (the state reads `failed` until the relaunch starts)
+    wait_for(lambda: bench.poll()["A1/train"].get("started_at") != failed.get("started_at"), 60, "the relaunch")
     done = bench.wait_state("A1/train", {"succeeded", "failed", "died"}, timeout=300)
     manifest = json.loads((output / "manifest.json").read_text())
     assert done["state"] == "succeeded", bench.inv("logs", "A1", "--stage", "train", "-n", "40", check=False).stdout
