@@ -323,9 +323,12 @@ def test_status_builds_the_specs_of_the_jobs_that_ran_only_and_still_dates_what_
     mark([prep, infer], inventory)
 
     # the five datasets' 16 jobs are in the plan (prep, infer, tokenize and extract each, and the draft's train),
-    # but only the two that ran have their specs built, each alone and in the pipeline
-    assert sorted(built) == [("P0", "infer"), ("P0", "infer"), ("P0", "prep"), ("P0", "prep")]
+    # but only the two that ran have their specs built, once each: the pipeline's prep and infer are as launched
+    assert sorted(built) == [("P0", "infer"), ("P0", "prep")]
     assert "out_of_date" not in prep and infer["out_of_date"] == "settings changed"
+    steps = pipeline.steps(inventory, None, "offline")
+    assert {(s.stage, s.build() == build(inventory, s.dataset, s.stage)) for s in steps if s.as_launched} == {
+        ("prep", True), ("infer", True)}
 
 
 def test_the_status_table_says_out_of_date_in_the_last_column() -> None:

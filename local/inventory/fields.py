@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from functools import cache
 from typing import Any, ClassVar
 
 
@@ -67,7 +68,14 @@ def setting(default: Any = MISSING, description: str | None = None, *, factory: 
 
 def dump(value: Any, exclude: Collection[str] = ()) -> dict[str, Any]:
     """`value`'s keys (those a file gives, so not `Inventory.path`) as plain dicts and lists, copied."""
-    return {f.name: _plain(getattr(value, f.name)) for f in fields(value) if f.init and f.name not in exclude}
+    return {name: _plain(getattr(value, name)) for name in _keys(type(value)) if name not in exclude}
+
+
+@cache
+def _keys(cls: type) -> tuple[str, ...]:
+    # NOTE: once per class: `fields` builds its answer anew on every call, and `inv status` dumps every
+    # spec it compares.
+    return tuple(f.name for f in fields(cls) if f.init)
 
 
 def _plain(value: Any) -> Any:

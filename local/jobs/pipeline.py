@@ -40,6 +40,8 @@ class Step:
     needs: list[str]
     build: Callable[[], JobSpec]
     gpu: bool = False
+    as_launched: bool = False
+    """Its spec is the one `inv launch` builds for the job (`spec`, as is): `inv status` need not build it twice."""
 
     @property
     def key(self) -> str:
@@ -62,10 +64,11 @@ def host_output(inventory: Inventory, name: str, stage: str) -> str:
 
 
 def dataset_steps(inventory: Inventory, name: str, extract: bool) -> list[Step]:
-    chain = [Step(name, "prep", [], lambda: spec(inventory, name, "prep"))]
+    chain = [Step(name, "prep", [], lambda: spec(inventory, name, "prep"), as_launched=True)]
     if inventory.datasets[name].kind == "prompts":
         answers = f"{host_output(inventory, name, 'infer')}/conversations.jsonl"
-        chain.append(Step(name, "infer", [layout.job_key(name, "prep")], lambda: spec(inventory, name, "infer")))
+        chain.append(Step(name, "infer", [layout.job_key(name, "prep")], lambda: spec(inventory, name, "infer"),
+                          as_launched=True))
         chain.append(Step(name, "tokenize", [layout.job_key(name, "infer")],
                           lambda: spec(inventory, name, "tokenize", source=answers)))
     if extract:

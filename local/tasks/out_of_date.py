@@ -64,8 +64,8 @@ def expected(inventory: Inventory, built_from: dict[str, Any] | None,
     """The fingerprints of the specs the inventory builds now for the jobs `ran` (key: dataset, stage; a job
     launched alone and the same job in the pipeline may differ: either is up to date), and the pipeline's needs,
     in its order. The pipeline is the last run's datasets (those still in the inventory) and route. Only `ran`'s
-    specs are built, alone and in the pipeline: every spec of a large inventory would cost `inv status` more than
-    its round trip."""
+    specs are built, alone and in the pipeline where it differs: every spec of a large inventory would cost
+    `inv status` more than its round trip."""
     built: dict[str, set[str]] = {}
     stages = inventory.stage_names()
     for key, (name, stage) in ran.items():
@@ -75,7 +75,7 @@ def expected(inventory: Inventory, built_from: dict[str, Any] | None,
     route = (built_from or {}).get("route", "offline")
     plan = pipeline.steps(inventory, last or None, route) if inventory.datasets else []
     for step in plan:
-        if step.key in ran:
+        if step.key in ran and not (step.as_launched and step.key in built):
             built.setdefault(step.key, set()).add(fingerprint(step.build()))
     if layout.job_key(DRAFT, "eval") in ran:
         try:
