@@ -41,7 +41,7 @@ class Step:
     build: Callable[[], JobSpec]
     gpu: bool = False
     as_launched: bool = False
-    """Its spec is the one `inv launch` builds for the job (`spec`, as is): `inv status` need not build it twice."""
+    """Its spec is that of the job launched alone (`spec`, as is): `inv status` need not build it twice."""
 
     @property
     def key(self) -> str:
