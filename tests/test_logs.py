@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -70,6 +71,31 @@ def _job_with_log(root: Path) -> Path:
     (directory / "state.json").write_text(json.dumps({"dataset": "A", "stage": "prep", "state": "succeeded",
                                                       "executor": "process", "started_at": 1.0}))
     return directory / "log"
+
+
+#: A process of a job, printing as a stage does under the supervisor's PYTHONUNBUFFERED.
+PRINTER = """
+import sys
+from remote.control_plane import logfile
+logfile.whole_lines()
+for i in range(2000):
+    print(f"{sys.argv[1]} says line {i}", flush=True)
+"""
+
+
+def test_processes_sharing_a_jobs_log_write_it_whole_lines_at_a_time() -> None:
+    # two writers of one pipe, as a launcher and its ranks are: a line and its newline written apart glue
+    read_end, write_end = os.pipe()
+    printers = [subprocess.Popen([sys.executable, "-c", PRINTER, name], cwd=REPO, stdout=write_end,
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1"}) for name in ("rank0", "rank1")]
+    os.close(write_end)
+    with open(read_end, "rb") as pipe:
+        out = pipe.read()
+    for printer in printers:
+        printer.wait()
+    lines = out.decode().split("\n")
+
+    assert lines[-1] == "" and all(re.fullmatch(r"rank[01] says line \d+", line) for line in lines[:-1])
 
 
 @pytest.mark.parametrize("ending", ["", "line 1\nline 2\nline 3\nline 4\nline 5\nline 6\n"])

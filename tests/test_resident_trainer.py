@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -107,9 +108,11 @@ def test_the_resident_trainer_holds_epoch_0_aside_until_an_epoch_is_measured_as_
 
 #: A chunked job reduced to its group of ranks: started, said ready, then waiting on them as it does mid-command.
 GROUP_JOB = """
+from remote.control_plane import logfile
 from remote.control_plane.progress import Progress
 from remote.orchestration.rank_group import RankGroup
 
+logfile.whole_lines()  # as the job's stage entry does: its lines and its ranks' share one pipe
 group = RankGroup.start(2, Progress())
 print("ready", flush=True)
 for _ in group._messages(lambda: False):
@@ -144,6 +147,22 @@ def alive(pids: set[int]) -> set[int]:
     return {pid for pid in pids if running(pid)}
 
 
+def printed(job: subprocess.Popen, wanted: str, timeout: float = 120.0) -> bool:
+    """Whether the job printed the line `wanted` within `timeout` s: a job that hangs fails the test, not waits."""
+    found = threading.Event()
+
+    def read() -> None:
+        for line in job.stdout:
+            if line.strip() == wanted:
+                found.set()
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return found.is_set()
+
+
 @contextmanager
 def group_job() -> Iterator[tuple[subprocess.Popen, set[int]]]:
     """The group's job, once its ranks joined, and the launcher and ranks under it; all of them gone after."""
@@ -151,8 +170,7 @@ def group_job() -> Iterator[tuple[subprocess.Popen, set[int]]]:
                            text=True, start_new_session=True)
     group: set[int] = set()
     try:
-        lines = iter(job.stdout.readline, "")
-        assert "ready" in (line.strip() for line in lines), "the job ended before its ranks joined"
+        assert printed(job, "ready"), "the job ended, or hung, before its ranks joined"
         group = descendants(job.pid)
         assert len(group) >= 3  # the launcher and its two ranks
         yield job, group

@@ -16,8 +16,10 @@ last words) after a marker. `follow` goes on from there and across the writer's 
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -35,6 +37,18 @@ LINE_LIMIT = 16 * 1024
 SCAN_LIMIT = 1 << 30
 MARKER = SUPERVISOR_MARK + " this log is capped at {limit} bytes (the stage's log_limit): its first {cut} bytes were cut\n"
 HEADER = re.compile(rb"\[aerie\] this log is capped at \d+ bytes [^\n]*: its first (\d+) bytes were cut\n")
+
+
+def whole_lines() -> None:
+    """This process's stdout and stderr written to the log a whole line at a time, as promptly.
+
+    A job's processes (the stage; a launcher and its ranks) share its log through one pipe, and
+    under ``PYTHONUNBUFFERED`` (set so that each line reaches the log at once) `print` writes a
+    line and its newline apart: another process's line could land between the two, gluing two
+    lines into one and leaving an empty one (the job's error is its log's last line)."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.write_through:
+            stream.reconfigure(write_through=False, line_buffering=True)
 
 
 def tail(log: Path, size: int = TAIL_BYTES) -> str:

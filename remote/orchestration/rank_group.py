@@ -189,8 +189,10 @@ class GroupTrainer:
 
 def main() -> None:
     """The launcher: torchrun's agent over ``argv[1]`` ranks of `remote.orchestration.resident_rank`."""
+    from remote.control_plane import logfile
     from remote.eagle3 import distributed
 
+    logfile.whole_lines()  # its one line and its ranks' share the job's log
     # NOTE: SIGTERM, not SIGKILL: torchrun's agent stops its ranks on it (they die with it too, `resident_rank`).
     channel.dies_with(int(os.environ[channel.PARENT_ENV]), signal.SIGTERM)()
     os.environ[channel.PARENT_ENV] = str(os.getpid())  # the ranks' parent
