@@ -211,7 +211,8 @@ def test_kill_9_of_the_supervisor_or_the_stage_is_died(bench: Bench) -> None:
     bench.scripted({"A": "records=100 sleep=0.1", "B": "records=100 sleep=0.1"})
     bench.inv("deploy")
     bench.inv("launch", "--stage", "prep")
-    wait_for(lambda: bench.poll()["A/prep"].get("pid") is not None, 30, "A's supervisor")  # on Slurm: once allocated
+    wait_for(lambda: all(bench.poll()[job].get("pid") is not None for job in ("A/prep", "B/prep")), 30,
+             "both supervisors")  # on Slurm: once allocated
     os.kill(_pid(bench, "A"), signal.SIGKILL)
     if bench.backend == "slurm":  # Slurm saw the batch script die: its own end state stands
         assert "Slurm: FAILED" in bench.wait_state("A/prep", {"failed", "died"})["message"]
