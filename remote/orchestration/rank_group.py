@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from remote.control_plane import logfile
 from remote.control_plane.progress import read_json
 from remote.eagle3 import StageInputError
 from remote.orchestration import channel
@@ -189,7 +190,6 @@ class GroupTrainer:
 
 def main() -> None:
     """The launcher: torchrun's agent over ``argv[1]`` ranks of `remote.orchestration.resident_rank`."""
-    from remote.control_plane import logfile
     from remote.eagle3 import distributed
 
     logfile.whole_lines()  # its one line and its ranks' share the job's log
