@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.session import session_root
 from tests.needs import need
 from tests.slurm_fixtures import slurm  # noqa: F401 (the session's Slurm cluster, a fixture)
 from benchmarks.harness.checkout import Bench, compile_checkout, copy_checkout
@@ -189,6 +190,18 @@ def hermetic_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
         yield {**shared, "PYTHONPATH": str(guard)}
 
 
+def _share_validations(checkout: Path, shared: Path) -> None:
+    """The checkout's validation cache is the session's: a sample, prep code, tokenizer and settings that passed
+    in one test's deploy are not validated again in the next (each entry is keyed by all of them, see
+    local/validation/cache.py). The tests of validation itself, and of the cache, keep a cache of their own."""
+    from local.validation.cache import CACHE, REPO
+
+    shared.mkdir(exist_ok=True)
+    link = checkout / CACHE.relative_to(REPO)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(shared, target_is_directory=True)
+
+
 def _openssh_or_skip() -> None:
     need(require_openssh, SshServerError, "a real sshd")
 
@@ -257,6 +270,7 @@ def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Bench:
     backend, host_settings = getattr(request, "param", None) or _backends(request.node.get_closest_marker("backends"))[0]
     sshd = request.getfixturevalue("sshd") if backend == "ssh" else None
     made = Bench(copy_checkout(tmp_path / "checkout"), tmp_path / "root", backend, sshd, host_settings=dict(host_settings))
+    _share_validations(made.checkout, session_root(request) / "validations")
     if backend == "slurm":  # jobs sbatched on the test cluster; the login node is this machine
         made.slurm = request.getfixturevalue("slurm")
     return made

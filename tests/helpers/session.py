@@ -37,7 +37,7 @@ def built_once(request: pytest.FixtureRequest, build: Callable[[], T], stop: Cal
 def _built_for_every_worker(request: pytest.FixtureRequest, name: str, build: Callable[[], T]) -> T:
     """`build`'s value (paths, files under the session's temporary root, which every worker reads), built by the
     first worker that asks and read back by the others; a build that fails is tried again by the next."""
-    shared = _session_root(request) / "built-once"
+    shared = session_root(request) / "built-once"
     shared.mkdir(exist_ok=True)
     kept = shared / f"{name}.pickle"
     with open(shared / f"{name}.lock", "w") as lock:
@@ -51,7 +51,7 @@ def _built_for_every_worker(request: pytest.FixtureRequest, name: str, build: Ca
         return value
 
 
-def _session_root(request: pytest.FixtureRequest) -> Path:
+def session_root(request: pytest.FixtureRequest) -> Path:
     """The temporary root of this session: its workers' roots lie under it (popen-gw0, ...)."""
     base = request.getfixturevalue("tmp_path_factory").getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
