@@ -249,7 +249,7 @@ def test_inv_run_takes_the_chunked_route_shows_chunk_k_of_n_and_resumes_after_in
 
     with DiskWatch(out) as watch:
         bench.inv("run")
-        wait_for(lambda: at({"pass": 0, "chunk": 1, "phase": "train"}), 240, "chunk 2's training")
+        wait_for(lambda: at({"pass": 0, "chunk": 1, "phase": "train"}), 240, "chunk 2's training", every=0.05)
         bench.inv("stop", "-d", "draft")
         bench.wait_state("pipeline/run", {"succeeded", "failed", "stopped"}, timeout=60)
         bench.inv("run")  # a fresh run: prep is up to date, the stopped chunked job goes on where it stopped

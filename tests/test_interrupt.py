@@ -41,6 +41,9 @@ def on_a_terminal(argv: list[str], cwd: Path) -> tuple[int, int]:
         os.chdir(cwd)
         os.environ.pop("COLUMNS", None)
         os.environ.pop("TTY_COMPATIBLE", None)
+        # A shell's foreground job takes Ctrl-C whatever its parent ignored (pytest started in the background
+        # by a script, as a CI runner may, ignores SIGINT, and an ignored signal stays ignored across exec).
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execv(argv[0], argv)
     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     return pid, master

@@ -145,12 +145,14 @@ class Bench:
 
 #: The pause between polls grows from the first to the last: a poll may be an SSH connection and a Python
 #: on the host, and on a loaded machine the polls of a long wait cost more than what it waits for.
-POLL_PAUSES = (0.1, 1.0)
+POLL_PAUSES = (0.1, 0.5)
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str, every: float | None = None) -> None:
+    """Poll `predicate` until it holds; `every`: a fixed pause instead, to catch a state that lasts less than the
+    longest (a phase of a second)."""
     deadline = time.monotonic() + timeout
-    pause, longest = POLL_PAUSES
+    pause, longest = (every, every) if every else POLL_PAUSES
     while time.monotonic() < deadline:
         if predicate():
             return
