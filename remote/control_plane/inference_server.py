@@ -18,8 +18,6 @@ import os
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
@@ -66,6 +64,9 @@ def base_url(url: str) -> str:
 
 def is_healthy(url: str, timeout: float = 5.0) -> bool:
     """True when ``/health`` answers 200, or, on servers without it, ``/v1/models`` does."""
+    import urllib.error  # here: every job's supervisor imports this module, and few manage a server
+    import urllib.request
+
     root = base_url(url)
     for path in ("/health", "/v1/models"):
         try:
