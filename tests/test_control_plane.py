@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.harness.checkout import Bench, wait_for
+from tests.helpers.ctrl_c import takes_ctrl_c
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 # On ssh the host's bare Python, where there is one: the control plane needs nothing but the standard library.
@@ -344,12 +345,11 @@ def test_status_watch_refreshes_until_interrupted(bench: Bench) -> None:
     bench.inv("launch", "--stage", "prep")
     bench.wait_state("A/prep", {"running"})
     # TTY_COMPATIBLE: rich draws every frame, as on a terminal (into a pipe only the last, so this test
-    # waited out its deadline). SIGINT reset: a job a shell starts in the background (a CI runner's, under
-    # nohup) ignores it, and so would the watcher, which then never ends.
+    # waited out its deadline).
     watcher = subprocess.Popen([sys.executable, "-m", "invoke", "status", "--watch", "0.5", "-i", "test"],
                                cwd=bench.checkout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "COLUMNS": "200", "TTY_COMPATIBLE": "1"},
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                               preexec_fn=takes_ctrl_c)
     bench.wait_state("A/prep", {"succeeded"})
     # NOTE: wait for a frame that shows the end rather than a fixed time: on a loaded machine
     # the watcher's first fetch can take longer than any sleep chosen here.

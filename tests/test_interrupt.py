@@ -26,6 +26,7 @@ import pytest
 
 from benchmarks.harness.checkout import Bench, copy_checkout, wait_for
 from local.tasks import deployment
+from tests.helpers.ctrl_c import takes_ctrl_c
 from tests.helpers.pipelines import pipeline_inventory
 
 pytestmark = pytest.mark.e2e
@@ -41,9 +42,7 @@ def on_a_terminal(argv: list[str], cwd: Path) -> tuple[int, int]:
         os.chdir(cwd)
         os.environ.pop("COLUMNS", None)
         os.environ.pop("TTY_COMPATIBLE", None)
-        # A shell's foreground job takes Ctrl-C whatever its parent ignored (pytest started in the background
-        # by a script, as a CI runner may, ignores SIGINT, and an ignored signal stays ignored across exec).
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        takes_ctrl_c()
         os.execv(argv[0], argv)
     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     return pid, master
@@ -185,7 +184,7 @@ def test_ctrl_c_during_a_deploy_leaves_the_live_release_whole_and_says_so(tmp_pa
         deploy = subprocess.Popen([sys.executable, "-m", "invoke", "deploy", "-i", "test"], cwd=bench.checkout,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                                   env={**os.environ, "COLUMNS": "200"},
-                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                  preexec_fn=takes_ctrl_c)
         wait_for(lambda: deploy.poll() is not None or agent_applying(bench.root), 120, "the deploy to push")
         os.killpg(deploy.pid, signal.SIGINT)  # as a terminal's Ctrl-C: inv and the host's side of the deploy alike
         out, err = deploy.communicate(timeout=60)
