@@ -73,10 +73,11 @@ def disk(root: Path, datasets: list[str], layers: list[int], model: str | None, 
     return check("disk", free > need, detail + ("" if free > need else f"; {hints.inv('plan')} shows the route that fits"), True)
 
 
-def extract_engines(model: str | None, dtype: str, configured: str | None) -> list[dict[str, Any]]:
+def extract_engines(model: str | None, dtype: str, configured: str | None, root: Path | None = None) -> list[dict[str, Any]]:
     """Per extract engine: the bytes the target needs there against this host's GPUs (`inv plan` sizes it the
-    same way); the configured engine fails when it cannot hold the target, the other only warns."""
-    sized = target_memory.per_engine(model, dtype, configured, 0, {})
+    same way, and keeps what it read under `root`); the configured engine fails when it cannot hold the target,
+    the other only warns."""
+    sized = target_memory.per_engine(model, dtype, configured, 0, {}, root)
     if sized.get("error"):
         return [check("extract engines", False, f"not sized: {sized['error']}", True)]
     results = []
@@ -142,6 +143,6 @@ def run(args: dict[str, Any]) -> list[dict[str, Any]]:
         job_processes(),
         disk(Path(args["root"]), args["datasets"], layers, args.get("model"), args["dtype"]),
         served_draft(args["server_url"], layers),
-        *extract_engines(args.get("model"), args["dtype"], args.get("extract_engine")),
+        *extract_engines(args.get("model"), args["dtype"], args.get("extract_engine"), Path(args["root"])),
         *(states(Path(args["root"]), args["datasets"]) if args.get("verify") else []),
     ]

@@ -200,7 +200,7 @@ def extract_engines(root: Path, args: dict[str, Any], tokens: int) -> dict[str, 
     engine = (read_manifest(manifests[-1]).get("engine") or "hf") if manifests else None
     # NOTE: no extract_engine in the request (an older workstation): sized, and nothing refused on it
     return target_memory.per_engine(args.get("model"), args["dtype"], args.get("extract_engine"), tokens,
-                                    {"engine": engine, "tokens_per_s": rate})
+                                    {"engine": engine, "tokens_per_s": rate}, root)
 
 
 def costs(result: dict[str, Any], args: dict[str, Any]) -> dict[str, dict[str, Any]]:

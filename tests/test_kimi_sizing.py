@@ -116,6 +116,63 @@ def test_the_check_fails_the_configured_engine_that_cannot_hold_the_target_and_w
     assert checks["extract engine sglang"]["status"] == "ok" and "85.1 GB on each GPU" in checks["extract engine sglang"]["detail"]
 
 
+def small_checkpoint(path: Path, experts: int = 2) -> Path:
+    """config.json, two safetensors files of sparse data and their index: a checkpoint as Kimi-K2.5's is laid out."""
+    from tests.kimi_headers import write_sparse
+
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    shards = {"model-1.safetensors": {f"model.layers.0.mlp.experts.{e}.weight": ("BF16", [16, 8]) for e in range(experts)},
+              "model-2.safetensors": {"lm_head.weight": ("BF16", [32, 8])}}
+    for name, tensors in shards.items():
+        write_sparse(path / name, tensors)
+    weight_map = {tensor: name for name, tensors in shards.items() for tensor in tensors}
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return path
+
+
+def test_a_plan_reads_the_headers_once_until_a_file_of_the_checkpoint_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from remote.eagle3 import target_tensors
+    from remote.vocabulary import layout
+
+    model, root = small_checkpoint(tmp_path / "model"), tmp_path / "root"
+    first = target_memory.engines(model, "float32", [], 10**9, root)
+    (record,) = layout.target_sizes(root).iterdir()
+    reads: list[Path] = []
+    monkeypatch.setattr(target_memory, "read_tensors", lambda path: reads.append(path) or target_tensors.read_tensors(path))
+
+    assert target_memory.engines(model, "float32", [], 10**9, root) == first and reads == []
+    assert target_memory.engines(model, "float32", [], 10**9) == first and reads == [model]  # no root: nothing kept
+
+    small_checkpoint(model, experts=1)  # re-downloaded: one expert fewer
+    changed = target_memory.engines(model, "float32", [], 10**9, root)
+    assert reads == [model, model] and changed["sglang"]["stored_bytes"] == first["sglang"]["stored_bytes"] - 256
+    assert target_memory.engines(model, "float32", [], 10**9, root) == changed and len(reads) == 2
+
+    record.write_text('{"files": ')  # torn: read again, and kept again
+    assert target_memory.engines(model, "float32", [], 10**9, root) == changed and len(reads) == 3
+    assert json.loads(record.read_text())["footprint"]["stored"] == changed["sglang"]["stored_bytes"]
+
+
+def test_a_dangling_link_among_the_weights_is_the_reader_s_one_line_not_a_record_of_it(tmp_path: Path) -> None:
+    model = small_checkpoint(tmp_path / "model")
+    (model / "model-2.safetensors").unlink()
+    (model / "model-2.safetensors").symlink_to("../../blobs/gone")  # a hub cache's snapshot, its blob deleted
+
+    with pytest.raises(StageInputError, match=r"model-2\.safetensors is not a readable safetensors file .*re-download it"):
+        target_memory.engines(model, "float32", [], 10**9, tmp_path / "root")
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_root_where_the_footprint_cannot_be_kept_still_sizes_the_target(tmp_path: Path) -> None:
+    (tmp_path / "root").write_text("a file where the root's cache directory would go")
+
+    sizes = target_memory.engines(small_checkpoint(tmp_path / "model"), "float32", [], 10**9, tmp_path / "root")
+
+    assert sizes["hf"]["params"] == 2 * 128 + 256 and sizes["sglang"]["stored_bytes"] == 2 * (2 * 128 + 256)
+
+
 def test_a_truncated_safetensors_header_is_one_line_naming_the_file(tmp_path: Path) -> None:
     from remote.eagle3.target_tensors import read_tensors
 

@@ -12,19 +12,27 @@ From the safetensors headers (`remote.eagle3.target_tensors`) alone:
   `SGLANG_RESERVED` besides for activations and CUDA graphs (SGLang 0.5.23's
   ``memory_hook``: at least 10 GiB on GPUs over 60 GiB); the KV cache takes what is left.
 
+Reading Kimi-K2.5's 64 headers (200,000 tensors) is most of a plan's time on the host, and `inv plan`,
+`inv run` and `inv check` each plan: what the headers add up to is kept under the host's root
+(`layout.target_sizes`), keyed by the checkpoint files' sizes and times, and read again only when one changes.
+
 Sizes are decimal (GB, TB), as disks and the issue's figures are. Standard library only.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from remote.control_plane.progress import write_json_atomic
 from remote.eagle3 import StageInputError
 from remote.eagle3.model_config import ConfigError
 from remote.eagle3.target import LANGUAGE_PREFIX, quantization_config
 from remote.eagle3.target_tensors import COMPRESSED_NAMES, PACKED, Tensor, read_tensors
+from remote.vocabulary import layout
 from remote.vocabulary.sizes import decimal
 
 #: Bytes per value of each dtype extract runs in: the target's weights here, the stored states in `remote.sizing`.
@@ -77,13 +85,70 @@ def host_memory() -> int:
         return 0
 
 
-def engines(path: Path, dtype: str, gpu_bytes: list[int], host_bytes: int) -> dict[str, dict[str, Any]]:
-    """Per engine: {need_bytes, capacity_bytes, fits, holds, in, params, quantized_params} for the target in
-    `path` run in `dtype` on GPUs of `gpu_bytes` each (none: the HF engine uses `host_bytes` of RAM)."""
-    quantization = quantization_config(path)  # first: a model directory's config.json, or the one line why not
-    tensors = read_tensors(path)
+class Footprint(NamedTuple):
+    """What the target's headers add up to: the parameters the HF engine builds, of them dequantized, and
+    the bytes stored on disk."""
+
+    params: int
+    quantized: int
+    stored: int
+
+
+def footprint(path: Path, quantization: dict[str, Any] | None, root: Path | None = None) -> Footprint:
+    """The target's `Footprint`, from its headers, or from `root`'s record of them while no file of the
+    checkpoint has changed (no `root`: read, and kept nowhere)."""
+    key = _files_key(path) if root is not None else None
+    record = _record(root, path) if root is not None and key is not None else None
+    kept = _kept(record, key) if record is not None else None
+    if kept is not None:
+        return kept
+    tensors = read_tensors(path)  # a file it cannot read: the one line naming it
     params, quantized = hf_parameters(tensors, quantization, wrapper=any(t.name.startswith(LANGUAGE_PREFIX) for t in tensors))
-    stored = sum(t.nbytes for t in tensors)
+    found = Footprint(params, quantized, sum(t.nbytes for t in tensors))
+    if record is not None:
+        try:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(record, {"model": str(path), "files": key, "footprint": found._asdict()})
+        except OSError:
+            pass  # a full or read-only root: the next plan reads the headers again
+    return found
+
+
+def _kept(record: Path, key: list[list[Any]]) -> Footprint | None:
+    """The footprint `record` keeps for files of `key`; None when it keeps none, for other files, or is torn."""
+    try:
+        kept = json.loads(record.read_text())
+        return Footprint(**kept["footprint"]) if kept["files"] == key else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _record(root: Path, path: Path) -> Path:
+    return layout.target_sizes(root) / f"{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]}.json"
+
+
+def _files_key(path: Path) -> list[list[Any]] | None:
+    """Name, size and modification time of each file the footprint is read from (config.json for the bits,
+    the index, every safetensors file): a re-download or an edit changes one of them. None when one cannot
+    be looked at (a hub cache's dangling link): the headers are read, and say which."""
+    key = []
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if entry.name == "config.json" or entry.name.endswith((".safetensors", ".safetensors.index.json")):
+                    stat = entry.stat()
+                    key.append([entry.name, stat.st_size, stat.st_mtime_ns])
+    except OSError:
+        return None
+    return sorted(key)
+
+
+def engines(path: Path, dtype: str, gpu_bytes: list[int], host_bytes: int, root: Path | None = None) -> dict[str, dict[str, Any]]:
+    """Per engine: {need_bytes, capacity_bytes, fits, holds, in, params, quantized_params} for the target in
+    `path` run in `dtype` on GPUs of `gpu_bytes` each (none: the HF engine uses `host_bytes` of RAM); `root`:
+    the host's aerie root, where the headers' footprint is kept between plans."""
+    quantization = quantization_config(path)  # first: a model directory's config.json, or the one line why not
+    params, quantized, stored = footprint(path, quantization, root)
     count = len(gpu_bytes)
     hf_need = params * DTYPE_BYTES[dtype]
     hf_capacity = sum(gpu_bytes) if gpu_bytes else host_bytes
@@ -158,15 +223,16 @@ def nvidia_smi_gpus(visible: str | None = None) -> list[int]:
     return [int(gpu["memory_total"] * 2**20) for gpu in board if gpu.get("memory_total")]
 
 
-def per_engine(model: str | None, dtype: str, configured: str | None, tokens: int, measured: dict[str, Any]) -> dict[str, Any]:
+def per_engine(model: str | None, dtype: str, configured: str | None, tokens: int, measured: dict[str, Any],
+               root: Path | None = None) -> dict[str, Any]:
     """For `inv plan` and `inv check`: each engine's sizes against this host's GPUs (nvidia-smi), whether it
     fits, its refusal, and the hours `tokens` take at a measured rate (`measured`: {engine, tokens_per_s}) or
-    the stated one; {"error"} when the target's headers cannot be read."""
+    the stated one; {"error"} when the target's headers cannot be read. `root`: as `engines` keeps it."""
     if not model:
         return {"error": "target.model is not set", "configured": configured}
     gpu_bytes = nvidia_smi_gpus()
     try:
-        sizes = engines(Path(model), dtype, gpu_bytes, host_memory())
+        sizes = engines(Path(model), dtype, gpu_bytes, host_memory(), root)
     except ConfigError as exc:  # already the one line naming target.model and the fix
         return {"error": str(exc), "configured": configured}
     except (StageInputError, KeyError, TypeError, ValueError) as exc:

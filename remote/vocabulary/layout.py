@@ -7,6 +7,7 @@
     <root>/jobs/pipeline/extract-session.json  the target loaded once for its extract jobs
     <root>/data/<dataset>/           where a dataset's stages write, one directory per stage
     <root>/data/<dataset>/<stage>/   a stage's output (AERIE_OUTPUT), read by the stages after it
+    <root>/cache/target-sizes/       what each target's safetensors headers add up to (remote.eagle3.target_memory)
 
 Every other module asks here, so that a change of layout is one change. The
 exception is `remote.control_plane.release`, which the workstation sends to the
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from remote.vocabulary.states import RUNNER, RUNNER_STAGE
 
-JOBS, DATA = "jobs", "data"
+JOBS, DATA, CACHE = "jobs", "data", "cache"
 #: A job's files (store.py says what each holds).
 STATE, SPEC, PROGRESS, LOG, LOCK, STOP = "state.json", "spec.json", "progress.json", "log", "launch.lock", "stop.json"
 #: A Slurm job's batch script, beside its other files.
@@ -84,6 +85,11 @@ def extract_session(root: Path) -> Path:
     """Where the extract phase's session of `inv run`'s runner (`remote.orchestration.extract_session`) says
     where it listens, while it runs."""
     return jobs_dir(root) / RUNNER / "extract-session.json"
+
+
+def target_sizes(root: Path) -> Path:
+    """Where a plan keeps what a target's headers add up to, one file per model directory."""
+    return root / CACHE / "target-sizes"
 
 
 def data_root(root: Path) -> Path:
