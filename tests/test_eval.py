@@ -81,20 +81,22 @@ def test_eval_reports_the_accept_length_and_speed_up_the_server_saw_and_names_th
 def test_eval_of_two_named_drafts_reports_both_by_name_and_names_the_faster_one_to_serve(
         bench: Bench, tmp_path: Path, free_port: int) -> None:
     # "mine" first in the inventory: the ranking, not the order given, puts the faster first.
-    setup = eval_inventory(bench, tmp_path, free_port, accept=0.5, grid=GRID[:2], drafts={"mine": 0.3, "published": 0.8})
+    setup = eval_inventory(bench, tmp_path, free_port, accept=0.5, grid=GRID[:2], drafts={"mine": 0.2, "published": 0.8})
 
     report = json.loads(bench.inv("eval", "--json", timeout=120).stdout)
 
     assert list(report["drafts"]) == ["mine", "published"] and report["ranking"] == ["published", "mine"]
     assert report["serve"] == "published" and report["best"]["draft"] == "published"
-    for name, chance in (("mine", 0.3), ("published", 0.8)):
+    for name, chance in (("mine", 0.2), ("published", 0.8)):
         entry = report["drafts"][name]
         assert entry["path"] == setup["drafts"][name]
         assert [c["accept_length"] for c in entry["configs"]] == [round(expected(chance, p)[0], 3) for p in GRID[:2]]
         fastest = max(GRID[:2], key=lambda p: expected(chance, p)[1])
         assert {k: entry["best"][k] for k in fastest} == fastest
         assert entry["best"]["flags"][entry["best"]["flags"].index("--speculative-draft-model-path") + 1] == entry["path"]
-    assert [round(expected(0.3, p)[1], 2) for p in GRID[:2]] == [0.92, 0.77]  # the model: "mine" is slower than none
+    # The model: "mine" is slower than none by a sixth at best. A timed pass of the prompts lasts about 0.4 s, so
+    # a stall of a few tens of ms on a loaded machine moves its speed-up by a tenth: a thinner margin would flake.
+    assert [round(expected(0.2, p)[1], 2) for p in GRID[:2]] == [0.84, 0.67]
     assert report["drafts"]["mine"]["best"]["speedup"] < 1 < report["drafts"]["published"]["best"]["speedup"]
     assert report["warnings"] == []  # one draft beats the baseline: nothing to warn of
     assert not (setup["draft"].parent / "eval.json").exists()  # train's draft was not among those compared
