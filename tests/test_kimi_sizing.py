@@ -152,7 +152,11 @@ def test_a_plan_reads_the_headers_once_until_a_file_of_the_checkpoint_changes(
 
     record.write_text('{"files": ')  # torn: read again, and kept again
     assert target_memory.engines(model, "float32", [], 10**9, root) == changed and len(reads) == 3
-    assert json.loads(record.read_text())["footprint"]["stored"] == changed["sglang"]["stored_bytes"]
+    kept = json.loads(record.read_text())
+    assert kept["footprint"]["stored"] == changed["sglang"]["stored_bytes"]
+
+    record.write_text(json.dumps({**kept, "footprint": {**kept["footprint"], "params": "512"}}))  # not a count
+    assert target_memory.engines(model, "float32", [], 10**9, root) == changed and len(reads) == 4
 
 
 def test_a_dangling_link_among_the_weights_is_the_reader_s_one_line_not_a_record_of_it(tmp_path: Path) -> None:

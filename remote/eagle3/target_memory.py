@@ -115,12 +115,14 @@ def footprint(path: Path, quantization: dict[str, Any] | None, root: Path | None
 
 
 def _kept(record: Path, key: list[list[Any]]) -> Footprint | None:
-    """The footprint `record` keeps for files of `key`; None when it keeps none, for other files, or is torn."""
+    """The footprint `record` keeps for files of `key`; None when it keeps none, for other files, or is torn
+    or not counts (an edited record is read again, never multiplied into a size)."""
     try:
         kept = json.loads(record.read_text())
-        return Footprint(**kept["footprint"]) if kept["files"] == key else None
+        found = Footprint(**kept["footprint"]) if kept["files"] == key else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return found if found is not None and all(type(n) is int and n >= 0 for n in found) else None
 
 
 def _record(root: Path, path: Path) -> Path:
