@@ -17,8 +17,8 @@ TOKENS = 40
 
 
 #: The stand-in's time per token. `inv eval` times passes of the prompts, one request at a time: at 40 tokens a
-#: request takes 1.2 s without a draft, long enough that the stalls of a loaded machine (a 0.4 s request once
-#: measured a quarter slower) stay within the tests' tolerance of a speed-up, a fifth.
+#: request takes 1.2 s without a draft, long enough that a loaded machine's stalls (a few hundred ms) stay within
+#: the tests' tolerance of a speed-up, a fifth.
 TOKEN_SECONDS = 0.03
 
 
