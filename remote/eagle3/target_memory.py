@@ -119,10 +119,12 @@ def _kept(record: Path, key: list[list[Any]]) -> Footprint | None:
     or not counts (an edited record is read again, never multiplied into a size)."""
     try:
         kept = json.loads(record.read_text())
-        found = Footprint(**kept["footprint"]) if kept["files"] == key else None
+        if kept["files"] != key:
+            return None
+        found = Footprint(**kept["footprint"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return found if found is not None and all(type(n) is int and n >= 0 for n in found) else None
+    return found if all(type(n) is int and n >= 0 for n in found) else None
 
 
 def _record(root: Path, path: Path) -> Path:
