@@ -86,6 +86,20 @@ def test_a_run_trained_by_one_process_is_not_resumed_by_two_and_says_so_in_one_l
                      "1 ranks' records): set nproc: 1 to resume it, or delete its resume/ folder to start over"], result.stderr
 
 
+def test_the_rank_named_is_the_one_killed_even_when_another_failed_earlier_on_the_broken_collective(
+        tmp_path: Path) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    def failure(rank: int, exitcode: int, at: float) -> ProcessFailure:
+        made = ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=exitcode, error_file=str(tmp_path / "none"))
+        made.timestamp = at  # torch's: the rank's error file's time, else when the agent noticed the death
+        return made
+
+    killed_later = {0: failure(0, 1, 100.0), 1: failure(1, -9, 100.4)}
+    assert distributed.first_cause(killed_later)[0] == 1
+    assert distributed.first_cause({0: failure(0, 1, 100.4), 1: failure(1, 3, 100.0)})[0] == 1  # no signal: the first
+
+
 def test_each_rank_takes_its_own_records_of_a_global_batch_and_a_short_last_batch_still_feeds_every_rank() -> None:
     batch = ["a", "b", "c", "d"]
     shares = [distributed.share(batch, distributed.World(rank, 2)) for rank in range(2)]

@@ -113,7 +113,7 @@ def launch(module: str, nproc: int) -> int:
     except SignalException as stopped:  # `inv stop` (SIGTERM): the agent stopped the ranks; the job ends by it
         return 128 + int(stopped.sigval)
     except ChildFailedError as failed:
-        rank, failure = failed.get_first_failure()
+        rank, failure = first_cause(failed.failures)
         code = failure.exitcode
         if code == REFUSED:
             return REFUSED
@@ -122,6 +122,14 @@ def launch(module: str, nproc: int) -> int:
               "(`inv rerun --failed` goes on from the last checkpoint)", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def first_cause(failures: dict[int, Any]) -> tuple[int, Any]:
+    """The rank whose failure the others followed: one killed by a signal (the OOM killer's SIGKILL, a user's kill)
+    before any that exited, since the others exit on the broken collective; else the first to fail. The agent's
+    own first failure is by time alone, and a rank that exits on the broken collective can carry an earlier
+    time than the killed rank, whose death the agent only notices at its next look."""
+    return min(failures.items(), key=lambda item: (item[1].exitcode >= 0, item[1].timestamp))
 
 
 def start(world: World) -> Any:

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from remote.control_plane import logfile
+from remote.control_plane import collector, logfile
 from remote.control_plane.processes import die_with_parent
 
 TAG = "AERIE-CAPTURE "
@@ -158,6 +158,7 @@ def main(argv: list[str]) -> int:
     # NOTE: torchrun starts each worker in a session of its own, out of reach of the job's kill:
     # a worker must end with its torchrun, or it keeps its GPU after the job is gone.
     die_with_parent(os.getppid())()
+    collector.freeze_at_exit()
     logfile.whole_lines()  # the capture's workers and the extract stage share the job's log
     spec = json.loads(argv[0])
     rank = int(os.environ.get("RANK", "0"))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from remote.vocabulary import layout
+from remote.control_plane import collector
 from remote.control_plane.progress import write_json_atomic
 from remote.eagle3 import StageInputError
 from remote.stages import StageContext
@@ -153,6 +154,7 @@ def _on_term(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str]) -> int:
+    collector.freeze_at_exit()
     signal.signal(signal.SIGTERM, _on_term)
     serve(Path(argv[0]))
     return 0

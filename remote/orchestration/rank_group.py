@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from remote.control_plane import logfile
+from remote.control_plane import collector, logfile
 from remote.control_plane.progress import read_json
 from remote.eagle3 import StageInputError
 from remote.orchestration import channel
@@ -192,6 +192,7 @@ def main() -> None:
     """The launcher: torchrun's agent over ``argv[1]`` ranks of `remote.orchestration.resident_rank`."""
     from remote.eagle3 import distributed
 
+    collector.freeze_at_exit()
     logfile.whole_lines()  # its one line and its ranks' share the job's log
     # NOTE: SIGTERM, not SIGKILL: torchrun's agent stops its ranks on it (they die with it too, `resident_rank`).
     channel.dies_with(int(os.environ[channel.PARENT_ENV]), signal.SIGTERM)()

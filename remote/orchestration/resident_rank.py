@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from remote.control_plane import logfile
+from remote.control_plane import collector, logfile
 from remote.control_plane.progress import Progress
 from remote.eagle3 import StageInputError, distributed
 from remote.orchestration import channel
@@ -111,6 +111,7 @@ def serve(link: Channel, world: distributed.World) -> None:
 
 
 def main() -> None:
+    collector.freeze_at_exit()
     logfile.whole_lines()  # the ranks and their launcher share the job's log
     channel.dies_with(int(os.environ[channel.PARENT_ENV]), signal.SIGKILL)()
     world = distributed.World.from_env()

@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from remote.control_plane import collector
 from remote.prep.errors import PrepError
 from remote.prep.load import Source, iter_rows
 from remote.prep.preparer import Summary, run_prep
@@ -104,6 +105,7 @@ def main(argv: list[str]) -> int:
         print("validate: the request must be a JSON object with target, stage and datasets", file=sys.stderr)
         return 2
     if Target.from_config(request.get("target") or {}).tokenizer:
+        collector.freeze_at_exit()
         import_transformers()
     emit(validate(request))
     return 0

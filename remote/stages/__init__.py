@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from remote.control_plane import disk, logfile
+from remote.control_plane import collector, disk, logfile
 from remote.vocabulary import layout
 from remote.control_plane.progress import Progress
 from remote.control_plane.stage_contract import (
@@ -104,6 +104,7 @@ def main(name: str, run: Callable[[StageContext, Progress], object], refusals: t
     """A stage's entry point: its context and progress, and a refusal (a `refusals` error: a
     mistake the user can fix) or a full disk (the path and the room left) as one line on stderr
     and exit 1, never a traceback."""
+    collector.freeze_at_exit()
     logfile.whole_lines()
     ctx = StageContext.from_env()
     try:

@@ -21,6 +21,7 @@ from remote.prep.preparer import Summary, kept_ratio_failure, run_prep
 from remote.prep.prep_settings import PrepSettings, Target
 from remote.prep.lean_imports import import_pyarrow, import_transformers
 from remote.prep.write import OutputWriter
+from remote.control_plane import collector
 from remote.control_plane.progress import Progress, read_json
 from remote.stages import StageContext
 
@@ -28,6 +29,7 @@ KINDS = ("native", "prompts")
 
 
 def main() -> int:
+    collector.freeze_at_exit()
     try:
         ctx = StageContext.from_env()
     except KeyError as exc:

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from remote import stages
-from remote.control_plane import logfile
+from remote.control_plane import collector, logfile
 from remote.control_plane.progress import Progress, write_json_atomic
 from remote.eagle3 import StageInputError, distributed, draft_config, heldout, init_draft, reporting
 from remote.eagle3.extract_manifest import ExtractManifest
@@ -194,6 +194,7 @@ def _aerie_inputs(ctx: StageContext, settings: TrainSettings, extracted: Extract
 def main() -> None:
     """The stage as the supervisor starts it: with ``nproc`` > 1 (aerie's engine), it launches that many
     ranks of itself under torchrun and waits (`remote.eagle3.distributed`); a rank runs the stage."""
+    collector.freeze_at_exit()
     logfile.whole_lines()  # the launcher's line and its ranks' share the job's log
     world = distributed.World.from_env()
     if not world.is_distributed:
