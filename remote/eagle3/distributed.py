@@ -96,15 +96,16 @@ def launch(module: str, nproc: int) -> int:
     """Run ``python -m module`` as `nproc` ranks under torchrun's agent (standalone, loopback) and wait;
     the exit code, with one line naming the rank that failed unless it refused (its line is printed)."""
     # NOTE: before the import: each of the agent's loggers takes its level from LOGLEVEL when it is made;
-    # its notes (a rank's death, a stop's signal) are not the user's, who gets the one line below.
-    os.environ.setdefault("LOGLEVEL", "ERROR")
+    # its notes (a rank's death, a stop's signal, its ERROR line on a failed rank) are not the user's: a job's
+    # error is its log's last line, which must be the rank's own (a refusal, a traceback's end) or the one below.
+    os.environ.setdefault("LOGLEVEL", "CRITICAL")
     import logging
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)  # and the loggers that inherit a level
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # and the loggers that inherit a level
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"aerie-{os.getpid()}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.5,
                           start_method="spawn")

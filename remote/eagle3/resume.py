@@ -74,9 +74,20 @@ def load(directory: Path, draft: torch.nn.Module) -> TrainState | None:
     if not path.is_file():
         return None
     saved = torch.load(path, map_location="cpu", weights_only=False)
-    result = draft.load_state_dict(saved.pop("draft"), strict=False)
-    if set(result.missing_keys) - set(SHARED) or result.unexpected_keys:
-        raise ValueError(f"{path} is for another draft: missing {result.missing_keys}, unexpected {result.unexpected_keys}")
+    weights = saved.pop("draft")
+    ours = draft.state_dict()
+    missing = sorted(set(ours) - set(weights) - set(SHARED))
+    unexpected = sorted(set(weights) - set(ours))
+    resized = [f"{k} {list(v.shape)} saved, {list(ours[k].shape)} now" for k, v in weights.items()
+               if k in ours and v.shape != ours[k].shape]
+    if missing or unexpected or resized:
+        from remote.eagle3 import StageInputError
+
+        what = "; ".join([*resized, *(f"{k} missing" for k in missing), *(f"{k} not in this draft" for k in unexpected)])
+        raise StageInputError(f"{path} holds another draft than these settings make ({what}): a setting that shapes "
+                              "the draft changed since it was saved; restore it to resume, or delete the resume/ folder "
+                              "to train afresh")
+    draft.load_state_dict(weights, strict=False)
     return TrainState(**saved)
 
 
