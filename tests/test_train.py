@@ -273,3 +273,18 @@ def test_a_resumed_run_keeps_the_held_out_figures_of_the_epochs_measured_before_
     assert again["eval_accuracies"] == resumed["eval_accuracies"] and len(again["eval_accuracies"]) == 3
     assert shown.values["accept_length"] == again["accept_length"]  # `inv status` shows it too
     assert shown.message == "trained before: 2 epochs, 8 steps; the saved draft stands"
+
+
+def test_a_resume_state_of_another_drafts_shape_is_refused_in_one_line_naming_what_differs(
+        tiny_target: Path, tmp_path: Path) -> None:
+    from remote.eagle3 import draft_config, resume
+
+    config = json.loads((tiny_target / "config.json").read_text())
+    saved = Eagle3Draft(draft_config.build(config, TINY_LAYERS, 100))
+    resume.save(tmp_path / "resume", saved, resume.TrainState(epoch=1, step=5))
+    assert resume.load(tmp_path / "resume", Eagle3Draft(draft_config.build(config, TINY_LAYERS, 100))).step == 5
+
+    with pytest.raises(StageInputError) as refused:  # draft_vocab_size edited since: lm_head and d2t change shape
+        resume.load(tmp_path / "resume", Eagle3Draft(draft_config.build(config, TINY_LAYERS, 200)))
+    assert "d2t [100] saved, [200] now" in str(refused.value) and "delete the resume/ folder" in str(refused.value)
+    assert "\n" not in str(refused.value)

@@ -84,6 +84,7 @@ def test_a_run_trained_by_one_process_is_not_resumed_by_two_and_says_so_in_one_l
     lines = [line for line in result.stderr.splitlines() if line.startswith("train:")]
     assert lines == ["train: stages.train.nproc is 2, but the run to resume was trained by 1 process (its batches count "
                      "1 ranks' records): set nproc: 1 to resume it, or delete its resume/ folder to start over"], result.stderr
+    assert result.stderr.strip().splitlines()[-1] == lines[0]  # the job's error is its log's last line
 
 
 def test_the_rank_named_is_the_one_killed_even_when_another_failed_earlier_on_the_broken_collective(
