@@ -2,8 +2,8 @@
 
 Those imports leave a few hundred thousand objects that live as long as the process. While the
 interpreter shuts down, the collector walks every one of them again, several times, to find cycles
-whose memory the operating system takes back a moment later anyway: a fifth of a short stage's CPU
-(docs/benchmarks.md, "The collector at exit"). `freeze_at_exit` moves them out of its reach
+whose memory the operating system takes back a moment later anyway: a large share of a short stage's
+CPU (docs/benchmarks.md, "The collector at exit"). `freeze_at_exit` moves them out of its reach
 (`gc.freeze`) once the process is done. Nothing a stage keeps depends on a collection at exit:
 its output is written and renamed into place before it returns, and Python never promised to run
 the finalizers of objects still alive at exit.
