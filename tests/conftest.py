@@ -14,6 +14,7 @@ empty directory and SSH_AUTH_SOCK is unset for the whole session.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from tests.helpers.session import session_root
 from tests.needs import need
 from tests.slurm_fixtures import slurm  # noqa: F401 (the session's Slurm cluster, a fixture)
 from benchmarks.harness.checkout import Bench, compile_checkout, copy_checkout
+from remote.control_plane import collector
 from benchmarks.harness.sshd import SshServer, SshServerError, free_port as _free_port, require_openssh, start_server
 
 LOOPBACK_ONLY_ENV = "AERIE_TEST_ONLY_LOOPBACK"
@@ -107,8 +109,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """In an xdist worker: fail at once where a group would be ignored (pytest 9.2 with pytest-xdist 3.8 drops
-    the group from the test's id, and the tests of a group are then spread over every worker, silently)."""
+    """What collection imported frozen: it lives as long as the process, and no full collection need walk it
+    again. In an xdist worker: fail at once where a group would be ignored (pytest 9.2 with pytest-xdist 3.8
+    drops the group from the test's id, and the tests of a group are then spread over every worker, silently)."""
+    gc.freeze()
     if not getattr(session.config.option, "loadgroup", False):
         return
     lost = [item.nodeid for item in session.items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
@@ -160,6 +164,7 @@ THREADS = {"OMP_NUM_THREADS": "1"}
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", BACKENDS_MARKER)
     os.environ.update(THREADS)
+    collector.tune()  # a worker imports torch, transformers and SpecForge, as a stage does
     # Some machines set PYTHONDONTWRITEBYTECODE: without it, Python caches bytecode as on a user's laptop and host,
     # and not every `inv`, job and host command compiles aerie's modules again. The controller compiles the
     # checkout once, before a worker copies it (`copy_checkout` keeps the bytecode).

@@ -17,5 +17,5 @@ from remote.control_plane import collector  # noqa: E402
 __all__ = ["CPU_OVERRIDES", "_log_softmax_loss", "install", "main"]
 
 if __name__ == "__main__":
-    collector.freeze_at_exit()  # as aerie's stages do: the interpreter's last collections would walk every import again
+    collector.tune()  # as aerie's stages do: full collections would walk every import again and again
     raise SystemExit(main(sys.argv[1:]))

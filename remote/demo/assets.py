@@ -17,7 +17,7 @@ def build(root: Path) -> dict[str, object]:
     # NOTE: a target without the recital file is an older demo's random one: its draft cannot learn.
     if (out / "config.json").exists() and (out / tiny_model.RECITAL_FILE).exists():
         return {"path": str(out), "built": False}
-    collector.freeze_at_exit()  # the build imports torch and transformers into the verb's process
+    collector.tune()  # the build imports torch and transformers into the verb's process
     building = out.with_name(out.name + ".tmp")
     shutil.rmtree(building, ignore_errors=True)  # left by an interrupted build
     tiny_tokenizer.build_tokenizer(building)

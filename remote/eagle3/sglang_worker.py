@@ -158,7 +158,7 @@ def main(argv: list[str]) -> int:
     # NOTE: torchrun starts each worker in a session of its own, out of reach of the job's kill:
     # a worker must end with its torchrun, or it keeps its GPU after the job is gone.
     die_with_parent(os.getppid())()
-    collector.freeze_at_exit()
+    collector.tune()
     logfile.whole_lines()  # the capture's workers and the extract stage share the job's log
     spec = json.loads(argv[0])
     rank = int(os.environ.get("RANK", "0"))

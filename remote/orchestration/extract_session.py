@@ -154,7 +154,7 @@ def _on_term(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str]) -> int:
-    collector.freeze_at_exit()
+    collector.tune()
     signal.signal(signal.SIGTERM, _on_term)
     serve(Path(argv[0]))
     return 0

@@ -192,7 +192,7 @@ def main() -> None:
     """The launcher: torchrun's agent over ``argv[1]`` ranks of `remote.orchestration.resident_rank`."""
     from remote.eagle3 import distributed
 
-    collector.freeze_at_exit()
+    collector.tune()
     logfile.whole_lines()  # its one line and its ranks' share the job's log
     # NOTE: SIGTERM, not SIGKILL: torchrun's agent stops its ranks on it (they die with it too, `resident_rank`).
     channel.dies_with(int(os.environ[channel.PARENT_ENV]), signal.SIGTERM)()

@@ -111,7 +111,7 @@ def serve(link: Channel, world: distributed.World) -> None:
 
 
 def main() -> None:
-    collector.freeze_at_exit()
+    collector.tune()
     logfile.whole_lines()  # the ranks and their launcher share the job's log
     channel.dies_with(int(os.environ[channel.PARENT_ENV]), signal.SIGKILL)()
     world = distributed.World.from_env()

@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
         print("validate: the request must be a JSON object with target, stage and datasets", file=sys.stderr)
         return 2
     if Target.from_config(request.get("target") or {}).tokenizer:
-        collector.freeze_at_exit()
+        collector.tune()
         import_transformers()
     emit(validate(request))
     return 0

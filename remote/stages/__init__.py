@@ -104,7 +104,7 @@ def main(name: str, run: Callable[[StageContext, Progress], object], refusals: t
     """A stage's entry point: its context and progress, and a refusal (a `refusals` error: a
     mistake the user can fix) or a full disk (the path and the room left) as one line on stderr
     and exit 1, never a traceback."""
-    collector.freeze_at_exit()
+    collector.tune()
     logfile.whole_lines()
     ctx = StageContext.from_env()
     try:

@@ -29,7 +29,7 @@ KINDS = ("native", "prompts")
 
 
 def main() -> int:
-    collector.freeze_at_exit()
+    collector.tune()
     try:
         ctx = StageContext.from_env()
     except KeyError as exc:

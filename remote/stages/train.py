@@ -194,7 +194,7 @@ def _aerie_inputs(ctx: StageContext, settings: TrainSettings, extracted: Extract
 def main() -> None:
     """The stage as the supervisor starts it: with ``nproc`` > 1 (aerie's engine), it launches that many
     ranks of itself under torchrun and waits (`remote.eagle3.distributed`); a rank runs the stage."""
-    collector.freeze_at_exit()
+    collector.tune()
     logfile.whole_lines()  # the launcher's line and its ranks' share the job's log
     world = distributed.World.from_env()
     if not world.is_distributed:
