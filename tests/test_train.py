@@ -288,3 +288,24 @@ def test_a_resume_state_of_another_drafts_shape_is_refused_in_one_line_naming_wh
         resume.load(tmp_path / "resume", Eagle3Draft(draft_config.build(config, TINY_LAYERS, 200)))
     assert "d2t [100] saved, [200] now" in str(refused.value) and "delete the resume/ folder" in str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+def test_a_run_again_at_another_learning_rate_is_refused_in_one_line_and_resumes_once_it_is_set_back(
+        extracted: dict, tiny_target: Path) -> None:
+    # A finished run, its learning rate edited, `inv deploy run`: train was out of date, ran, and kept the old draft
+    # ("the saved draft stands"), its optimizer carrying the old rate on.
+    def env_at(rate: float) -> dict:
+        settings = {**TRAIN_SETTINGS, "epochs": 1, "learning_rate": rate}
+        env = stage_env(extracted["root"], "train", settings, {"target": {"model": str(tiny_target)}}, dataset="rate")
+        env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [extracted["env"]["AERIE_OUTPUT"]]})
+        return env
+
+    first = train.run(context(env_at(3e-3)), Progress())
+    with pytest.raises(StageInputError) as refused:
+        train.run(context(env_at(3e3)), Progress())
+    again = train.run(context(env_at(3e-3)), Progress())
+
+    message = str(refused.value)
+    assert "stages.train.learning_rate is 3000, but the run to resume was trained at 0.003" in message
+    assert "delete its resume/ folder" in message and "\n" not in message
+    assert again["resumed_from_step"] == first["steps"] == again["steps"]

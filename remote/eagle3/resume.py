@@ -49,6 +49,8 @@ class TrainState:
     data: str = ""
     #: The processes that trained it (`remote.eagle3.distributed`): a global batch is `batch_size` x this.
     world: int = 1
+    #: The rate it was trained at (None: not recorded), which the optimizer's and the schedule's states carry on.
+    learning_rate: float | None = None
 
 
 def fingerprint(files: list[Path], settings: dict[str, Any]) -> str:
@@ -107,3 +109,14 @@ def check_world(saved: TrainState, world: int, nproc_setting: str = "stages.trai
         raise StageInputError(f"{nproc_setting} is {world}, but the run to resume was trained by {saved.world} "
                               f"process{'es' if saved.world > 1 else ''} (its batches count {saved.world} ranks' "
                               f"records): set nproc: {saved.world} to resume it, or delete its resume/ folder to start over")
+
+
+def check_learning_rate(saved: TrainState, learning_rate: float) -> None:
+    """Refuse (one line) to go on from `saved` at another learning rate: its optimizer and schedule would carry the
+    old rate on, whatever the settings say, and a run that finished would keep its draft untouched."""
+    from remote.eagle3 import StageInputError
+
+    if saved.learning_rate is not None and saved.learning_rate != learning_rate:
+        raise StageInputError(f"stages.train.learning_rate is {learning_rate:g}, but the run to resume was trained at "
+                              f"{saved.learning_rate:g}: set it back to resume, or delete its resume/ folder to train "
+                              "afresh at the new rate")

@@ -128,6 +128,7 @@ class TrainingSession:
         saved = resume.load(self.output / RESUME, self.draft)
         if saved is None:
             return resume.TrainState(data=data, world=self.world.size)
+        resume.check_learning_rate(saved, self.settings.learning_rate)
         if saved.data == data:
             resume.check_world(saved, self.world.size)
         else:

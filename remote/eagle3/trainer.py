@@ -163,7 +163,7 @@ def train(draft: Eagle3Draft, head: torch.Tensor, samples: list[Any], load: Call
 
     def snapshot(epoch: int, position: int) -> TrainState:
         return TrainState(epoch=epoch, position=position, step=step, optimizer=optimizer.state_dict(),
-                          schedule=schedule.state_dict(), data=state.data, world=world.size)
+                          schedule=schedule.state_dict(), data=state.data, world=world.size, learning_rate=learning_rate)
 
     draft.train()
     for epoch in range(state.epoch, epochs):
