@@ -309,3 +309,21 @@ def test_a_run_again_at_another_learning_rate_is_refused_in_one_line_and_resumes
     assert "stages.train.learning_rate is 3000, but the run to resume was trained at 0.003" in message
     assert "delete its resume/ folder" in message and "\n" not in message
     assert again["resumed_from_step"] == first["steps"] == again["steps"]
+
+
+def test_a_run_whose_loss_turns_nan_fails_in_one_line_and_keeps_no_draft_of_it(extracted: dict, tiny_target: Path) -> None:
+    # The user's mistake: learning_rate 3.0e+3 for 3.0e-3. Every job succeeded, each keeping a draft of NaN weights.
+    from safetensors.torch import load_file
+
+    settings = {**TRAIN_SETTINGS, "epochs": 2, "learning_rate": 3e3}
+    env = stage_env(extracted["root"], "train", settings, {"target": {"model": str(tiny_target)}}, dataset="nan")
+    env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [extracted["env"]["AERIE_OUTPUT"]]})
+
+    with pytest.raises(StageInputError) as refused:
+        train.run(context(env), Progress())
+
+    message = str(refused.value)
+    assert message.startswith("the training loss is nan at step ") and "\n" not in message, message
+    assert "lower stages.train.learning_rate (3000 now)" in message
+    kept = Path(env["AERIE_OUTPUT"]) / "draft" / "model.safetensors"  # an epoch measured before it diverged, if any
+    assert not kept.exists() or all(torch.isfinite(t).all() for t in load_file(kept).values())

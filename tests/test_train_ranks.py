@@ -99,6 +99,8 @@ def test_the_rank_named_is_the_one_killed_even_when_another_failed_earlier_on_th
     killed_later = {0: failure(0, 1, 100.0), 1: failure(1, -9, 100.4)}
     assert distributed.first_cause(killed_later)[0] == 1
     assert distributed.first_cause({0: failure(0, 1, 100.4), 1: failure(1, 3, 100.0)})[0] == 1  # no signal: the first
+    # rank 1 refused; rank 0, slower to refuse, was stopped by the agent's SIGTERM
+    assert distributed.first_cause({0: failure(0, -15, 100.0), 1: failure(1, 1, 100.2)})[0] == 1
 
 
 def test_each_rank_takes_its_own_records_of_a_global_batch_and_a_short_last_batch_still_feeds_every_rank() -> None:

@@ -127,10 +127,12 @@ def launch(module: str, nproc: int) -> int:
 
 def first_cause(failures: dict[int, Any]) -> tuple[int, Any]:
     """The rank whose failure the others followed: one killed by a signal (the OOM killer's SIGKILL, a user's kill)
-    before any that exited, since the others exit on the broken collective; else the first to fail. The agent's
-    own first failure is by time alone, and a rank that exits on the broken collective can carry an earlier
-    time than the killed rank, whose death the agent only notices at its next look."""
-    return min(failures.items(), key=lambda item: (item[1].exitcode >= 0, item[1].timestamp))
+    before any that exited, since the others exit on the broken collective; a SIGTERM last, since that is how the
+    agent stops the others once one failed; within each, the first to fail. The agent's own first failure is by
+    time alone, and a rank that exits on the broken collective can carry an earlier time than the killed rank,
+    whose death the agent only notices at its next look."""
+    return min(failures.items(), key=lambda item: (item[1].exitcode == -signal.SIGTERM, item[1].exitcode >= 0,
+                                                   item[1].timestamp))
 
 
 def start(world: World) -> Any:
