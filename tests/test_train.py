@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from remote.eagle3 import StageInputError, checkpoint
 from remote.eagle3.model import Eagle3Draft
@@ -201,7 +202,6 @@ def test_train_refuses_when_extract_has_not_succeeded(tmp_path: Path, tiny_targe
 def test_a_train_run_stopped_mid_epoch_resumes_to_the_same_draft_as_an_unbroken_run(
     extracted: dict, tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from safetensors.torch import load_file
 
     settings = {**TRAIN_SETTINGS, "epochs": 2, "checkpoint_every": 3, "eval_records": 0}  # all 10 records trained
     shared = {"target": {"model": str(tiny_target)}}
@@ -313,8 +313,6 @@ def test_a_run_again_at_another_learning_rate_is_refused_in_one_line_and_resumes
 
 def test_a_run_whose_loss_turns_nan_fails_in_one_line_and_keeps_no_draft_of_it(extracted: dict, tiny_target: Path) -> None:
     # The user's mistake: learning_rate 3.0e+3 for 3.0e-3. Every job succeeded, each keeping a draft of NaN weights.
-    from safetensors.torch import load_file
-
     settings = {**TRAIN_SETTINGS, "epochs": 2, "learning_rate": 3e3}
     env = stage_env(extracted["root"], "train", settings, {"target": {"model": str(tiny_target)}}, dataset="nan")
     env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [extracted["env"]["AERIE_OUTPUT"]]})
@@ -327,3 +325,18 @@ def test_a_run_whose_loss_turns_nan_fails_in_one_line_and_keeps_no_draft_of_it(e
     assert "lower stages.train.learning_rate (3000 now)" in message
     kept = Path(env["AERIE_OUTPUT"]) / "draft" / "model.safetensors"  # an epoch measured before it diverged, if any
     assert not kept.exists() or all(torch.isfinite(t).all() for t in load_file(kept).values())
+
+
+def test_a_draft_with_a_nan_weight_is_never_written(tiny_target: Path, tmp_path: Path) -> None:
+    from remote.eagle3 import draft_config
+
+    config = json.loads((tiny_target / "config.json").read_text())
+    draft = Eagle3Draft(draft_config.build(config, TINY_LAYERS, 100))
+    checkpoint.save(draft, tmp_path / "draft")
+    with torch.no_grad():
+        draft.fc.weight[0, 0] = float("nan")
+
+    with pytest.raises(StageInputError) as refused:
+        checkpoint.save(draft, tmp_path / "draft")
+    assert "fc.weight holds NaN or infinite values" in str(refused.value)
+    assert not any(torch.isnan(t).any() for t in load_file(tmp_path / "draft" / "model.safetensors").values())

@@ -35,13 +35,21 @@ def state_for_sglang(draft: Eagle3Draft) -> dict[str, torch.Tensor]:
 
 
 def save(draft: Eagle3Draft, directory: Path, extra: dict[str, Any] | None = None) -> Path:
-    """Write the checkpoint atomically into `directory`."""
+    """Write the checkpoint atomically into `directory`; refused (one line) when a weight is not finite."""
     from safetensors.torch import save_file
 
+    weights = state_for_sglang(draft)
+    diverged = next((name for name, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+    if diverged is not None:
+        from remote.eagle3 import StageInputError
+
+        raise StageInputError(f"the draft's {diverged} holds NaN or infinite values, not written to {directory}: the "
+                              "training diverged; lower stages.train.learning_rate and delete its resume/ folder to "
+                              "train afresh")
     tmp = directory.with_name(f".{directory.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file(state_for_sglang(draft), str(tmp / WEIGHTS), metadata={"format": "pt"})
+    save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(draft.config, indent=2, sort_keys=True))
     if extra:
         (tmp / "aerie.json").write_text(json.dumps(extra, indent=2, sort_keys=True))
