@@ -202,7 +202,6 @@ def test_train_refuses_when_extract_has_not_succeeded(tmp_path: Path, tiny_targe
 def test_a_train_run_stopped_mid_epoch_resumes_to_the_same_draft_as_an_unbroken_run(
     extracted: dict, tiny_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-
     settings = {**TRAIN_SETTINGS, "epochs": 2, "checkpoint_every": 3, "eval_records": 0}  # all 10 records trained
     shared = {"target": {"model": str(tiny_target)}}
     unbroken = stage_env(extracted["root"], "train", settings, shared, dataset="unbroken")
