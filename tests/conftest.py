@@ -26,8 +26,8 @@ from tests.helpers.session import session_root
 from tests.needs import need
 from tests.slurm_fixtures import slurm  # noqa: F401 (the session's Slurm cluster, a fixture)
 from benchmarks.harness.checkout import Bench, compile_checkout, copy_checkout
-from remote.control_plane import collector
 from benchmarks.harness.sshd import SshServer, SshServerError, free_port as _free_port, require_openssh, start_server
+from remote.control_plane import collector
 
 LOOPBACK_ONLY_ENV = "AERIE_TEST_ONLY_LOOPBACK"
 LOOPBACK_HOSTS = "127.0.0.0/8,::1,localhost"
