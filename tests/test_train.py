@@ -338,4 +338,5 @@ def test_a_draft_with_a_nan_weight_is_never_written(tiny_target: Path, tmp_path:
     with pytest.raises(StageInputError) as refused:
         checkpoint.save(draft, tmp_path / "draft")
     assert "fc.weight holds NaN or infinite values" in str(refused.value)
+    assert "lower stages.train.learning_rate and delete its resume/ folder" in str(refused.value)
     assert not any(torch.isnan(t).any() for t in load_file(tmp_path / "draft" / "model.safetensors").values())

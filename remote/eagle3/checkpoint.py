@@ -41,11 +41,10 @@ def save(draft: Eagle3Draft, directory: Path, extra: dict[str, Any] | None = Non
     weights = state_for_sglang(draft)
     diverged = next((name for name, t in weights.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
     if diverged is not None:
-        from remote.eagle3 import StageInputError
+        from remote.eagle3 import StageInputError, resume
 
         raise StageInputError(f"the draft's {diverged} holds NaN or infinite values, not written to {directory}: the "
-                              "training diverged; lower stages.train.learning_rate and delete its resume/ folder to "
-                              "train afresh")
+                              f"training diverged; {resume.after_diverging()}")
     tmp = directory.with_name(f".{directory.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -111,6 +111,12 @@ def check_world(saved: TrainState, world: int, nproc_setting: str = "stages.trai
                               f"records): set nproc: {saved.world} to resume it, or delete its resume/ folder to start over")
 
 
+def after_diverging(learning_rate: float | None = None) -> str:
+    """What to do once a run diverged: its saved state would only diverge again, so a lower rate starts afresh."""
+    now = "" if learning_rate is None else f" ({learning_rate:g} now)"
+    return f"lower stages.train.learning_rate{now} and delete its resume/ folder to train afresh"
+
+
 def check_learning_rate(saved: TrainState, learning_rate: float) -> None:
     """Refuse (one line) to go on from `saved` at another learning rate: its optimizer and schedule would carry the
     old rate on, whatever the settings say, and a run that finished would keep its draft untouched."""

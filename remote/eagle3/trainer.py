@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from remote.eagle3 import StageInputError, distributed
+from remote.eagle3 import StageInputError, distributed, resume
 from remote.eagle3.distributed import World
 from remote.eagle3.model import Eagle3Draft, shift_left
 from remote.eagle3.resume import TrainState
@@ -175,9 +175,8 @@ def train(draft: Eagle3Draft, head: torch.Tensor, samples: list[Any], load: Call
             loss, accuracies = train_step(draft, batch, head, steps, optimizer, schedule, forward)
             loss, *accuracies = distributed.mean([loss, *accuracies], world)
             if not math.isfinite(loss):  # every rank sees the same mean: all stop here, and no draft is kept
-                raise StageInputError(f"the training loss is {loss} at step {step + 1}: the draft diverged; lower "
-                                      f"stages.train.learning_rate ({learning_rate:g} now) and delete its resume/ "
-                                      "folder to train afresh")
+                raise StageInputError(f"the training loss is {loss} at step {step + 1}: the draft diverged; "
+                                      f"{resume.after_diverging(learning_rate)}")
             step += 1
             on_step(step, loss, accuracies, len(chunk) if epoch == 0 else 0)
             if on_checkpoint and checkpoint_every and step % checkpoint_every == 0:
