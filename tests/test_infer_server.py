@@ -61,6 +61,25 @@ def test_a_server_that_exits_while_starting_fails_at_once_with_its_last_log_line
     assert time.monotonic() - started < 10
 
 
+def test_a_refused_flag_is_named_by_the_error_line_of_this_start_not_the_usage_after_it(tmp_path: Path) -> None:
+    # As `transformers serve --dtyp`: the error, then a page of options, then a hint. The log keeps every start's.
+    log = tmp_path / "server.log"
+    log.write_text("RuntimeError: an earlier start's\n")
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    options = "; ".join(f"echo '  --option-{i} TEXT  the option {i}'" for i in range(100))
+    since = inference_server.log_end(log)
+    pid = inference_server.start(f"echo 'Usage: serve [OPTIONS]'; echo \"Error: No such option '--dtyp'.\"; {options}; "
+                                 "echo 'Did you mean: --dtype?'; exit 2", log)
+    with pytest.raises(inference_server.ServerError) as refused:
+        inference_server.wait_healthy(url, timeout=60, pid=pid, log_path=log, since=since)
+    assert f"exited while starting: Error: No such option '--dtyp'. (log: {log})" in str(refused.value)
+
+    since = inference_server.log_end(log)
+    pid = inference_server.start("exit 1", log)  # says nothing: no earlier start's error is taken for its own
+    with pytest.raises(inference_server.ServerError, match=r"exited while starting: \(nothing in its log "):
+        inference_server.wait_healthy(url, timeout=60, pid=pid, log_path=log, since=since)
+
+
 def test_waiting_for_a_silent_port_gives_up_after_the_timeout() -> None:
     started = time.monotonic()
     with pytest.raises(inference_server.ServerError, match=r"not healthy after 1s"):

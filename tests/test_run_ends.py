@@ -98,6 +98,33 @@ def test_rerun_failed_relaunches_the_failure_then_every_job_blocked_behind_it(be
     assert jobs["B/infer"]["ended_at"] <= jobs["B/tokenize"]["started_at"]
 
 
+def test_a_server_that_will_not_start_ends_the_run_in_one_line_and_rerun_failed_starts_the_fixed_one(
+        bench: Bench, free_port: int) -> None:
+    from tests.helpers.pipelines import pipeline_inventory, wait_pipeline
+
+    plans = bench.root.parent / "plans"
+    pipeline_inventory(bench, plans, free_port, {"A": "native", "B": "prompts"})
+    inventory = bench.checkout / "inventories" / "test.yaml"
+    fixed = inventory.read_text()
+    inventory.write_text(fixed.replace("--bind", "--bnd"))  # the user's typo in stages.infer.server_command
+    bench.inv("deploy")
+    run = follower(bench)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 1, out + err
+
+    jobs = bench.poll()
+    said = jobs["pipeline/run"]["message"]
+    assert "exited while starting: " in said and "unrecognized arguments: --bnd" in said, said
+    assert "Traceback" not in err and "Error:" not in said.split("exited while starting")[0], (said, err)
+    assert "waiting" not in {job["state"] for job in jobs.values()}, jobs  # no job left on a runner gone
+    assert jobs["B/infer"]["state"] == "blocked" and "not started: inference server" in jobs["B/infer"]["message"]
+
+    inventory.write_text(fixed)
+    assert "relaunched pipeline/run" in bench.inv("rerun", "--failed").stdout
+    jobs = wait_pipeline(bench)
+    assert all(job["state"] == "succeeded" for job in jobs.values()), {k: j["state"] for k, j in jobs.items()}
+
+
 def test_follow_piped_prints_a_line_per_change_while_the_run_goes_on_and_exits(bench: Bench, free_port: int) -> None:
     from tests.helpers.pipelines import pipeline_inventory
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -23,7 +24,7 @@ from typing import Any, Callable
 
 from remote.control_plane import processes
 from remote.vocabulary import secrets
-from remote.control_plane.logfile import last_line
+from remote.control_plane.logfile import tail
 from remote.control_plane.progress import write_json_atomic
 
 
@@ -82,12 +83,13 @@ def is_healthy(url: str, timeout: float = 5.0) -> bool:
 
 
 def wait_healthy(url: str, timeout: float, pid: int | None = None, log_path: Path | None = None,
-                 beat: Callable[[], None] = lambda: None) -> None:
+                 beat: Callable[[], None] = lambda: None, since: int = 0) -> None:
     """Block until the server at `url` is healthy; raise `ServerError` after `timeout` seconds.
 
-    With `pid`, a server that exits while starting fails at once, with the last
-    line of `log_path` in the message, instead of after the whole timeout. `beat`
-    is called while waiting, so that a long model load is not taken for a stall.
+    With `pid`, a server that exits while starting fails at once, with what its log says
+    went wrong (`reason`: of what it wrote from byte `since` on) in the message, instead of
+    after the whole timeout. `beat` is called while waiting, so that a long model load is
+    not taken for a stall.
     """
     deadline = time.monotonic() + timeout
     where = f" (log: {log_path})" if log_path is not None else ""
@@ -95,9 +97,9 @@ def wait_healthy(url: str, timeout: float, pid: int | None = None, log_path: Pat
         if is_healthy(url, timeout=min(5.0, timeout)):
             return
         if pid is not None and not is_running(pid):
-            raise ServerError(f"inference server (pid {pid}) exited while starting: {_last_line(log_path)}{where}")
+            raise ServerError(f"inference server (pid {pid}) exited while starting: {reason(log_path, since)}{where}")
         if time.monotonic() >= deadline:
-            raise ServerError(f"inference server at {url} not healthy after {timeout:.0f}s: {_last_line(log_path)}{where}")
+            raise ServerError(f"inference server at {url} not healthy after {timeout:.0f}s: {reason(log_path, since)}{where}")
         beat()
         time.sleep(0.25)
 
@@ -144,12 +146,33 @@ def _reap(pid: int) -> None:
         pass
 
 
-def _last_line(log_path: Path | None) -> str:
+#: A line that says what failed: a parser's `error:`, a `SomeError: ...` of a traceback, a logger's ERROR.
+ERROR_LINE = re.compile("error", re.IGNORECASE)
+#: How much of a server's log `reason` reads, from its end: a server's log can be long.
+REASON_BYTES = 64 * 1024
+
+
+def log_end(log_path: Path) -> int:
+    """Where the next start's output begins in `log_path` (which keeps every start's): its size."""
+    try:
+        return log_path.stat().st_size
+    except OSError:
+        return 0
+
+
+def reason(log_path: Path | None, since: int = 0, limit: int = 300) -> str:
+    """What a server's log says went wrong since byte `since`: its last line that names an error, else its
+    last line. A command-line parser prints its usage (or a list of options) around the error, and a
+    server that fails in its startup logs more after the traceback, so the last line alone is rarely it."""
     if log_path is None:
         return "(no log)"
     if not log_path.is_file():
         return f"(no log at {log_path})"
-    return last_line(log_path, 300) or f"(empty log {log_path})"  # read from the end: a server's log can be long
+    written = log_end(log_path) - since
+    lines = [line.strip() for line in tail(log_path, min(written, REASON_BYTES)).splitlines() if line.strip()]
+    if written <= 0 or not lines:
+        return f"(nothing in its log {log_path})"
+    return next((line for line in reversed(lines) if ERROR_LINE.search(line)), lines[-1])[:limit]
 
 
 class ManagedServer:
@@ -189,11 +212,12 @@ class ManagedServer:
             return None
         if recorded is not None:  # ours, but not answering: it must not keep the GPU beside a new one
             stop(recorded)
+        since = log_end(self.log)
         pid = start(self.settings["command"].replace("{python}", python), self.log, env=self.settings.get("env") or {})
         self.started = processes.identity(pid)
         if self.record is not None:
             write_json_atomic(self.record, self.started)
-        wait_healthy(self.settings["url"], self.settings.get("start_timeout", 1800), pid, self.log)
+        wait_healthy(self.settings["url"], self.settings.get("start_timeout", 1800), pid, self.log, since=since)
         return pid
 
     def stop(self) -> int | None:

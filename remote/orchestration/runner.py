@@ -288,10 +288,11 @@ def main() -> int:
     try:
         with Progress.from_env() as progress, notify.watching(ctx.root, ctx.stage_config):
             return Runner(ctx, progress).run()  # how it ended: `Runner.ended`, and why: `Runner.summary`
-    except OSError as exc:
-        # NOTE: its own bookkeeping (progress, the jobs' records, the server's) could not be written, a
-        # full disk most often: the run ends in one line, and no job is left waiting on a runner gone.
-        line = disk.failed_write(RUNNER, exc, ctx.root)
+    except (OSError, inference_server.ServerError) as exc:
+        # NOTE: its own bookkeeping (progress, the jobs' records, the server's) could not be written, a full
+        # disk most often, or the infer phase's server would not start, a setting of stages.infer most often:
+        # the run ends in one line, and no job is left waiting on a runner gone.
+        line = disk.failed_write(RUNNER, exc, ctx.root) if isinstance(exc, OSError) else str(exc)
         end_unstarted(ctx.root, ctx.stage_config.get("plan") or [], line)
         print(line, file=sys.stderr, flush=True)
         return 1

@@ -48,7 +48,7 @@ REPORT_BESIDE_DRAFT = "eval.json"
 
 class EvalError(Exception):
     """The evaluation cannot go on (its port is taken): one line. A server that does not start is
-    `inference_server.ServerError`, with the last line of its log."""
+    `inference_server.ServerError`, with what its log says went wrong."""
 
 
 class Stopped(Exception):
@@ -166,11 +166,12 @@ def running(command: str, log: Path, record: Path, url: str, settings: EvalSetti
                         "stop it or set stages.eval.port")
     progress.note(f"{name}: starting the server")
     print(f"server: {command}", flush=True)
+    since = inference_server.log_end(log)
     pid = inference_server.start(command, log, env=settings.server_env)
     started = processes.identity(pid)
     write_json_atomic(record, started)
     try:
-        inference_server.wait_healthy(url, settings.server_start_timeout, pid, log, beat=progress.beat)
+        inference_server.wait_healthy(url, settings.server_start_timeout, pid, log, beat=progress.beat, since=since)
         yield pid
     finally:
         inference_server.stop(started, grace=STOP_GRACE)
