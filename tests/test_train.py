@@ -274,6 +274,49 @@ def test_a_resumed_run_keeps_the_held_out_figures_of_the_epochs_measured_before_
     assert shown.message == "trained before: 2 epochs, 8 steps; the saved draft stands"
 
 
+def test_a_finished_run_trains_on_states_extracted_again_under_the_same_names_and_stands_on_the_same_ones(
+        extracted: dict, tiny_target: Path, tmp_path: Path) -> None:
+    # The user's loop: stages.infer.max_tokens edited, new answers extracted under the same names, and train
+    # resumed the finished run over them: "the saved draft stands", a draft of the old answers.
+    import shutil
+
+    states = tmp_path / "extract"
+    shutil.copytree(extracted["env"]["AERIE_OUTPUT"], states)
+    env = stage_env(extracted["root"], "train", {**TRAIN_SETTINGS, "epochs": 1}, {"target": {"model": str(tiny_target)}},
+                    dataset="extracted-again")
+    env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [str(states)]})
+    first = train.run(context(env), Progress())
+    same = train.run(context(env), Progress())
+
+    store = ShardStore(states)
+    index = store.complete_shards()[0]
+    names = store.meta(index)["files"]
+    samples = [load_sample(store.shard_dir(index) / name) for name in names]
+    shutil.rmtree(store.shard_dir(index))
+    writer = store.writer(index)
+    for name, sample in zip(names, samples):
+        writer.add(int(name[len("data_"):-len(".ckpt")]), {**sample, "hidden_state": sample["hidden_state"] + 0.5})
+    writer.commit()
+    again = train.run(context(env), Progress())
+
+    assert same["resumed_from_step"] == same["steps"] == first["steps"] > 0  # the same states: the draft stands
+    assert again["resumed_from_step"] == first["steps"] and again["steps"] == 2 * first["steps"]  # one more epoch
+
+
+def test_a_finished_run_whose_state_fingerprints_the_names_alone_stands_as_before(
+        extracted: dict, tiny_target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from remote.eagle3 import resume
+
+    env = stage_env(extracted["root"], "train", {**TRAIN_SETTINGS, "epochs": 1}, {"target": {"model": str(tiny_target)}},
+                    dataset="older")
+    env["AERIE_CONFIG"] = json.dumps({**json.loads(env["AERIE_CONFIG"]), "inputs": [extracted["env"]["AERIE_OUTPUT"]]})
+    with monkeypatch.context() as older:  # saved by an aerie whose fingerprint was the samples' names alone
+        older.setattr(resume, "fingerprint", resume.names_fingerprint)
+        first = train.run(context(env), Progress())
+    same = train.run(context(env), Progress())
+    assert same["resumed_from_step"] == same["steps"] == first["steps"] > 0
+
+
 def test_a_resume_state_of_another_drafts_shape_is_refused_in_one_line_naming_what_differs(
         tiny_target: Path, tmp_path: Path) -> None:
     from remote.eagle3 import draft_config, resume

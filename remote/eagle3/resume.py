@@ -12,10 +12,12 @@ where the last run left off.
 ``batch_size x world`` records, so a run over the same data goes on only with as many
 (`check_world` refuses another count in one line).
 
-``data`` fingerprints the samples the position counts in (their paths and
-the training settings). A checkpoint made over other data still carries the
-draft and the optimizer on: the chunked route trains one chunk of records
-after another, each a new list of samples, one draft throughout.
+``data`` fingerprints the samples the position counts in (their paths, their
+contents by the checksums extract recorded, and the training settings). A
+checkpoint made over other data still carries the draft and the optimizer on:
+the chunked route trains one chunk of records after another, each a new list
+of samples, one draft throughout; and a finished run whose states were
+extracted again (new answers under the same names) trains on them.
 
 Written to a run-unique temporary name and renamed, so a kill mid-write
 leaves the previous checkpoint whole.
@@ -54,8 +56,20 @@ class TrainState:
 
 
 def fingerprint(files: list[Path], settings: dict[str, Any]) -> str:
-    """What the position is counted in: the sample list and the settings that order and size its batches."""
-    digest = hashlib.sha256(json.dumps([str(f) for f in files]).encode())
+    """What the position is counted in: the samples, each by its name and content (`shards.content_id`: new
+    answers extracted again keep the names), and the settings that order and size its batches."""
+    from remote.eagle3.shards import content_id
+
+    return _digest([[str(f), content_id(f)] for f in files], settings)
+
+
+def names_fingerprint(files: list[Path], settings: dict[str, Any]) -> str:
+    """`fingerprint` as a state saved before the samples' content counted has it: their names alone."""
+    return _digest([str(f) for f in files], settings)
+
+
+def _digest(samples: list[Any], settings: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(samples).encode())
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:16]
 

@@ -109,12 +109,12 @@ class TrainingSession:
         fields["epochs"] = epochs
         if chunk_pass:  # only where the chunked route sends it: other checkpoints keep their fingerprint
             fields["chunk_pass"] = chunk_pass
-        data = resume.fingerprint(files, fields)
         if self.state is not None:
             self.state = resume.TrainState(step=self.state.step, optimizer=self.state.optimizer,
-                                           schedule=self.state.schedule, data=data, world=self.world.size)
+                                           schedule=self.state.schedule, data=resume.fingerprint(files, fields),
+                                           world=self.world.size)
         else:
-            self.state = self._saved(files, epochs, data, chunked, progress or self.progress)
+            self.state = self._saved(files, epochs, fields, chunked, progress or self.progress)
             self.resumed_from = self.state.step
             steps = read_json(self.output / HISTORY, []) if self.state.step else []
             self.history = [h for h in steps if h["step"] <= self.state.step]
@@ -122,14 +122,15 @@ class TrainingSession:
         self.draft.to(self.device)
         return self.state
 
-    def _saved(self, files: list[Path], epochs: int, data: str, chunked: bool, progress: Any) -> Any:
+    def _saved(self, files: list[Path], epochs: int, fields: dict[str, Any], chunked: bool, progress: Any) -> Any:
         from remote.eagle3 import resume
 
         saved = resume.load(self.output / RESUME, self.draft)
+        data = resume.fingerprint(files, fields)
         if saved is None:
             return resume.TrainState(data=data, world=self.world.size)
         resume.check_learning_rate(saved, self.settings.learning_rate)
-        if saved.data == data:
+        if saved.data in (data, resume.names_fingerprint(files, fields)):  # an older state's, taken at its word
             resume.check_world(saved, self.world.size)
         else:
             progress.note(f"continuing the draft from step {saved.step} on new data")

@@ -211,6 +211,16 @@ def _expected(path: Path) -> tuple[int, str, str] | None:
     return meta["sizes"][i], meta.get("checksum", "xxh3_64"), meta["sums"][i]
 
 
+def content_id(path: Path) -> str:
+    """What stands for `path`'s content without reading it: the checksum its shard's meta.json records (an
+    extract redone writes other states under the same names), else its size and time (a file outside any shard)."""
+    meta = _meta(path.parent)
+    if meta is not None and "sums" in meta and path.name in meta["index"]:
+        return meta["sums"][meta["index"][path.name]]
+    stat = path.stat()
+    return f"{stat.st_size}:{stat.st_mtime_ns}"
+
+
 _METAS: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}
 
 
