@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -211,6 +212,23 @@ def kimi_target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 def text_vocab_size(model_dir: Path) -> int:
     config = json.loads((model_dir / "config.json").read_text())
     return (config.get("text_config") or config)["vocab_size"]
+
+
+def extract_again(states: Path) -> Path:
+    """A copy of extract's output `states` whose first shard is written again with other hidden states under
+    the same names, as extract writes new answers after an edit to stages.infer."""
+    from remote.eagle3.shards import ShardStore, load_sample
+
+    store = ShardStore(states)
+    index = store.complete_shards()[0]
+    names = store.meta(index)["files"]
+    samples = [load_sample(store.shard_dir(index) / name) for name in names]
+    shutil.rmtree(store.shard_dir(index))
+    writer = store.writer(index)
+    for name, sample in zip(names, samples):
+        writer.add(int(name[len("data_"):-len(".ckpt")]), {**sample, "hidden_state": sample["hidden_state"] + 0.5})
+    writer.commit()
+    return states
 
 
 def crash_after(monkeypatch: pytest.MonkeyPatch, calls: int) -> None:

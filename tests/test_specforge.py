@@ -28,8 +28,8 @@ from remote.control_plane.progress import Progress
 from remote.stages import train
 from tests.helpers.notes import Notes
 from tests.pipeline_fixtures import (
-    EXTRACT_SETTINGS, REPO, TINY_LAYERS, context, extracted, make_records, run_stage, stage_env, tiny_target, vocab_size,
-    write_prep,
+    EXTRACT_SETTINGS, REPO, TINY_LAYERS, context, extract_again, extracted, make_records, run_stage, stage_env,
+    tiny_target, vocab_size, write_prep,
 )
 
 __all__ = ["extracted", "tiny_target"]  # fixtures used below
@@ -173,6 +173,25 @@ def test_the_real_specforge_trains_on_the_training_share_only_and_aerie_keeps_it
     assert same == (best["epoch"] == 2)  # draft/ is the last epoch's only when the last is the best
     assert_sglang_draft(out, tiny_target)
     assert (out / "training.png").is_file()
+
+
+def test_states_extracted_again_under_the_same_names_are_another_specforge_run_and_the_same_ones_resume_it(
+    host: dict, bf16_extracted: dict, tiny_target: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    states = tmp_path / "extract"
+    shutil.copytree(bf16_extracted["env"]["AERIE_OUTPUT"], states)
+    settings = {"draft_config": str(host["draft"]), "epochs": 1, "eval_records": 0}
+    first, _ = run_train(bf16_extracted["root"], tiny_target, "sf-again", settings, inputs=[str(states)])
+    same, _ = run_train(bf16_extracted["root"], tiny_target, "sf-again", settings, inputs=[str(states)])
+
+    extract_again(states)  # new answers: the same names, other states
+    notes = Notes()
+    again, _ = run_train(bf16_extracted["root"], tiny_target, "sf-again", settings, notes, inputs=[str(states)])
+
+    assert same["run_id"] == first["run_id"] != again["run_id"]
+    assert any(line.startswith(f"settings changed since SpecForge run {first['run_id']} (data ") for line in notes.lines)
 
 
 def test_states_other_than_bfloat16_are_refused_before_specforge_starts(host: dict, extracted: dict, tiny_target: Path) -> None:

@@ -17,7 +17,9 @@ from remote.eagle3 import trainer
 from remote.eagle3.vocab import build_mapping
 from remote.control_plane.progress import Progress
 from remote.stages import train
-from tests.pipeline_fixtures import TINY_LAYERS, context, crash_after, extracted, read_progress, run_stage, stage_env, tiny_target
+from tests.pipeline_fixtures import (
+    TINY_LAYERS, context, crash_after, extract_again, extracted, read_progress, run_stage, stage_env, tiny_target,
+)
 
 __all__ = ["extracted", "tiny_target"]  # fixtures used below
 
@@ -288,15 +290,7 @@ def test_a_finished_run_trains_on_states_extracted_again_under_the_same_names_an
     first = train.run(context(env), Progress())
     same = train.run(context(env), Progress())
 
-    store = ShardStore(states)
-    index = store.complete_shards()[0]
-    names = store.meta(index)["files"]
-    samples = [load_sample(store.shard_dir(index) / name) for name in names]
-    shutil.rmtree(store.shard_dir(index))
-    writer = store.writer(index)
-    for name, sample in zip(names, samples):
-        writer.add(int(name[len("data_"):-len(".ckpt")]), {**sample, "hidden_state": sample["hidden_state"] + 0.5})
-    writer.commit()
+    extract_again(states)
     again = train.run(context(env), Progress())
 
     assert same["resumed_from_step"] == same["steps"] == first["steps"] > 0  # the same states: the draft stands

@@ -184,7 +184,8 @@ def _states(ctx: Any, settings: TrainSettings, generation: str, nproc: int) -> d
     """Offline: the training share SpecForge trains on and, for SpecForge 0.2.0, the held-out records it
     evaluates on after every epoch (an epoch's optimizer steps apart)."""
     states, held, trained, heldout_files = specforge_inputs.split_states(ctx.inputs("extract"), ctx.output, settings)
-    identity = f"{trained} records ({len(heldout_files)} held out) in {', '.join(map(str, ctx.inputs('extract')))}"
+    identity = (f"{trained} records ({len(heldout_files)} held out) in {', '.join(map(str, ctx.inputs('extract')))}, "
+                f"states {specforge_inputs.contents(ctx.inputs('extract'))}")
     # NOTE: SpecForge drops each rank's last short batch: an epoch is this many optimizer steps.
     per_epoch = -(-trained // nproc) // settings.batch_size
     if held is None or not per_epoch or generation != "current":

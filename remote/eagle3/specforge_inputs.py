@@ -17,7 +17,7 @@ from typing import Any
 
 from remote.control_plane.progress import Progress
 from remote.eagle3 import StageInputError, heldout
-from remote.eagle3.shards import ShardStore
+from remote.eagle3.shards import ShardStore, content_id
 from remote.eagle3.train_settings import TrainSettings
 
 TRAIN_STATES, HELDOUT_STATES = "specforge-train", "specforge-heldout"
@@ -33,6 +33,15 @@ def split_states(inputs: list[Path], output: Path, settings: TrainSettings) -> t
     trained, held = heldout.split(files, settings.eval_records, settings.eval_fraction)
     return _linked(trained, output / TRAIN_STATES), (_linked(held, output / HELDOUT_STATES) if held else None), \
         len(trained), held
+
+
+def contents(inputs: list[Path]) -> str:
+    """The states by the checksums extract recorded: states extracted again under the same names (new answers) are
+    another SpecForge run, not the resume of one that trained on the old."""
+    digest = hashlib.sha256()
+    for path in (f for d in inputs for f in ShardStore(d).sample_files()):
+        digest.update(content_id(path).encode())
+    return digest.hexdigest()[:12]
 
 
 def _linked(files: list[Path], directory: Path) -> Path:
