@@ -84,6 +84,18 @@ class Named:
         self.inventory = inventory
 
 
+def test_a_long_setting_edited_near_its_end_is_shown_from_where_it_changed_on_both_sides() -> None:
+    from local.tasks.job_verbs import SHOWN, change
+
+    command = ("{python} -m transformers.cli.transformers serve /work/x/.aerie/local/assets/tiny-target "
+               "--host 127.0.0.1 --port 30017 --device cpu --dtype float32 --log-level warning")
+    before, after = change(command.replace("--dtype", "--dtyp"), command).split(" -> ")
+    assert "--dtyp float32" in before and "--dtype float32" in after, (before, after)
+    assert before.startswith("…") and after.startswith("…") and max(len(before), len(after)) <= SHOWN
+    assert change([2, 30, 58], [1, 2, 3]) == "[2, 30, 58] -> [1, 2, 3]"  # short: whole, from the start
+    assert change(None, "x" * 100) == "(unset) -> " + '"' + "x" * (SHOWN - 2) + "…"
+
+
 def test_a_rerun_rebuilds_the_last_runs_pipeline_and_not_one_whose_dataset_is_gone(tmp_path: Path) -> None:
     import io
 

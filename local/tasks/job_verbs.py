@@ -52,7 +52,7 @@ def out_of_date_lines(stale: dict[str, dict[str, Any]]) -> list[str]:
     said = []
     for key, why in stale.items():
         dataset, _, stage = key.partition("/")
-        reasons = [f"{visible(specs.inventory_key(dataset, stage, path))} {_setting(before)} -> {_setting(after)}"
+        reasons = [f"{visible(specs.inventory_key(dataset, stage, path))} {change(before, after)}"
                    for path, before, after in why.get("changes", [])]
         reasons += [f"it reads {visible(need)}, which is newer or runs again" for need in why.get("rebuilt", [])]
         reasons += [f"{visible(path)} changed after it ran" for path in why.get("changed_files", [])]
@@ -110,7 +110,7 @@ def report_changes(console: Console, relaunched: list[dict[str, Any]]) -> None:
     for key, (path, before, after) in changes:
         dataset, _, stage = key.partition("/")
         console.print(line(f"  {visible(key)}: {visible(specs.inventory_key(dataset, stage, path))} "
-                            f"{_setting(before)} -> {_setting(after)}"))
+                            f"{change(before, after)}"))
     if relaunched and not changes:
         console.print("No setting changed since these jobs last ran.")
 
@@ -126,9 +126,18 @@ def _note_unserved(host: RemoteHost, console: Console, relaunched: list[dict[str
                              f"started", "yellow")))
 
 
-def _setting(value: Any) -> str:
-    text = "(unset)" if value is None else json.dumps(value, ensure_ascii=False)
-    return visible(text if len(text) <= 80 else text[:79] + "…")
+#: The most of one side of a change a line shows.
+SHOWN = 80
+
+
+def change(before: Any, after: Any) -> str:
+    """`before -> after`, each as JSON of at most `SHOWN` characters; two long ones from a little before where they
+    first differ, so that what changed shows (a long server command edited near its end), not the same start twice."""
+    texts = ["(unset)" if value is None else json.dumps(value, ensure_ascii=False) for value in (before, after)]
+    same = next((i for i, (a, b) in enumerate(zip(*texts)) if a != b), min(map(len, texts)))
+    start = max(0, same - SHOWN // 4) if max(map(len, texts)) > SHOWN else 0
+    shown = [("…" if start else "") + text[start:] for text in texts]
+    return " -> ".join(visible(text if len(text) <= SHOWN else text[:SHOWN - 1] + "…") for text in shown)
 
 
 def report(console: Console, results: list[dict[str, Any]], verb: str) -> None:
