@@ -117,6 +117,7 @@ def test_a_server_that_will_not_start_ends_the_run_in_one_line_and_rerun_failed_
     assert "exited while starting: " in said and "unrecognized arguments: --bnd" in said, said
     assert "Traceback" not in err and "Error:" not in said.split("exited while starting")[0], (said, err)
     assert "waiting" not in {job["state"] for job in jobs.values()}, jobs  # no job left on a runner gone
+    assert "the run did not succeed: pipeline/run failed; " in err, err  # the cause, then what is blocked behind it
     assert jobs["B/infer"]["state"] == "blocked" and "not started: inference server" in jobs["B/infer"]["message"]
 
     inventory.write_text(fixed)

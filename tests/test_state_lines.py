@@ -94,6 +94,9 @@ def test_the_outcome_names_the_failures_the_jobs_blocked_behind_them_and_the_nex
     assert said.startswith("the run did not succeed: B5/infer failed; 2 blocked behind it: B5/tokenize, B5/extract. ")
     assert "`inv rerun --failed`" in said
     assert status_data.outcome({"jobs": [job("A1/prep", "succeeded")]}) == ""
+    # The runner failed itself (its inference server would not start): it is the cause the jobs are blocked behind.
+    state = {"jobs": [job("B5/infer", "blocked", blocked_by=["pipeline/run"]), job("pipeline/run", "failed")]}
+    assert status_data.outcome(state).startswith("the run did not succeed: pipeline/run failed; 1 blocked behind it: B5/infer. ")
 
 
 TRAINED = {"loss": 0.12, "accept_length": 3.4567, "eval_positions": 1234, "eval_acc_0": 0.9, "eval_acc_1": 0.8,

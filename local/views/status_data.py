@@ -97,7 +97,8 @@ def outcome(status: dict[str, Any]) -> str:
         return ""
     bad = [j for j in in_pipeline_order(status["jobs"]) if JobState(j["state"]).is_bad()]
     jobs = [j for j in bad if (j["dataset"], j["stage"]) != (RUNNER, RUNNER_STAGE)]
-    bad = jobs or bad  # the runner failed because they did: name them, not it
+    if any(j["state"] != JobState.BLOCKED.value for j in jobs):
+        bad = jobs  # the runner failed because they did: name them, not it (else it is the cause: its server, say)
     blocked = [job_name(j) for j in bad if j["state"] == JobState.BLOCKED.value]
     failed = [f"{job_name(j)} {j['state']}" for j in bad if j["state"] != JobState.BLOCKED.value]
     parts = [", ".join(failed)] if failed else []
