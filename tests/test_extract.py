@@ -167,3 +167,30 @@ def test_shards_stored_under_the_old_meaning_of_the_ids_are_redone(extracted: di
     assert "inputs changed since the last run: starting over" in notes
     assert all(p.stat().st_mtime_ns != before[p.name] for p in (output / "shard-00000").iterdir() if p.name in before)
     assert manifest["records"] == RECORDS and json.loads((output / "plan.json").read_text()) == plan
+
+
+def test_prep_written_again_on_the_same_release_makes_the_shards_stale_and_an_older_plan_is_taken_at_its_word(
+        extracted: dict, tmp_path: Path) -> None:
+    # The user's loop: stages.infer fixed, the prompts answered again, tokenize run again on the same release with
+    # the same count of records: extract kept every shard of the old answers ("3 resumed").
+    root = tmp_path / "root"
+    shutil.copytree(extracted["root"], root)
+    env = {**extracted["env"], "AERIE_ROOT": str(root), "AERIE_DATA": str(root / "data" / "A1"), "AERIE_OUTPUT": str(root / "data" / "A1" / "extract")}
+    output = Path(env["AERIE_OUTPUT"])
+    plan = json.loads((output / "plan.json").read_text())
+    (output / "plan.json").write_text(json.dumps({k: v for k, v in plan.items() if k != "prep_created"}))  # an older aerie's
+    (output / "manifest.json").unlink()
+    before = {p.name: p.stat().st_mtime_ns for p in (output / "shard-00000").iterdir()}
+
+    extract.run(context(env), Progress())
+    kept = {p.name: p.stat().st_mtime_ns for p in (output / "shard-00000").iterdir()}
+    prep = root / "data" / "A1" / "prep" / "manifest.json"
+    prep.write_text(json.dumps({**json.loads(prep.read_text()), "created_at": 1796691781.36}))  # written again
+    progress, notes = Progress(), []
+    progress.note = lambda message, note=progress.note: (notes.append(message), note(message))
+    manifest = extract.run(context(env), progress)
+
+    assert kept == before  # the older plan's shards stand
+    assert "inputs changed since the last run: starting over" in notes
+    assert all(p.stat().st_mtime_ns != kept[p.name] for p in (output / "shard-00000").iterdir() if p.name in kept)
+    assert manifest["records"] == RECORDS and manifest["prep_created"] == 1796691781.36

@@ -99,11 +99,13 @@ class ShardStore:
         (self.root / "manifest.json").unlink(missing_ok=True)
         self.remove_torn()
 
-    def use_plan(self, plan: dict[str, Any]) -> bool:
-        """Record what the shards are made from; False (and a reset) when older shards came from something else."""
+    def use_plan(self, plan: dict[str, Any], since: tuple[str, ...] = ()) -> bool:
+        """Record what the shards are made from; False (and a reset) when older shards came from something else.
+        `since`: keys an older aerie's plan lacks, compared only where it has them (its shards taken at its word)."""
         path = self.root / "plan.json"
         old = read_json(path)
-        changed = old is not None and old != plan
+        lacks = [key for key in since if isinstance(old, dict) and key not in old]
+        changed = old is not None and old != {k: v for k, v in plan.items() if k not in lacks}
         if changed:
             self.reset()
         write_json_atomic(path, plan)

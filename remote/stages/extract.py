@@ -97,7 +97,7 @@ def run(ctx: StageContext, progress: Progress, model: Any = None) -> dict[str, A
     checked = plan(ctx)
     store = ShardStore(ctx.output)
     ctx.output.mkdir(parents=True, exist_ok=True)
-    fresh = store.use_plan(_fingerprint(checked))
+    fresh = store.use_plan(_fingerprint(checked), since=("prep_created",))
     if not fresh:
         progress.note("inputs changed since the last run: starting over")
     torn = store.remove_torn()
@@ -205,6 +205,9 @@ def _fingerprint(checked: ExtractPlan) -> dict[str, Any]:
     return {
         "prep_release": checked.prep.get("release"),
         "prep_kept": checked.prep.get("kept"),
+        # NOTE: prep run again on the same release writes other records under the same count: infer's new answers
+        # after a fix to stages.infer, or prep's own settings edited.
+        "prep_created": checked.prep.get("created_at"),
         "layers": checked.settings.layers,
         # NOTE: what the ids capture, not only the ids: shards an older aerie stored for the same ids
         # (always HF hidden_states[i + 1]) hold other layers' states for a DeepSeek/Kimi target.
