@@ -79,6 +79,11 @@ def test_a_refused_flag_is_named_by_the_error_line_of_this_start_not_the_usage_a
     with pytest.raises(inference_server.ServerError, match=r"exited while starting: \(nothing in its log "):
         inference_server.wait_healthy(url, timeout=60, pid=pid, log_path=log, since=since)
 
+    since = inference_server.log_end(log)  # killed: a line that only mentions an error is not the reason
+    pid = inference_server.start("echo 'Ignore import error when loading sglang.srt.models.mllama4'; echo Killed; exit 137", log)
+    with pytest.raises(inference_server.ServerError, match=r"exited while starting: Killed \(log: "):
+        inference_server.wait_healthy(url, timeout=60, pid=pid, log_path=log, since=since)
+
 
 def test_waiting_for_a_silent_port_gives_up_after_the_timeout() -> None:
     started = time.monotonic()

@@ -146,8 +146,10 @@ def _reap(pid: int) -> None:
         pass
 
 
-#: A line that says what failed: a parser's `error:`, a `SomeError: ...` of a traceback, a logger's ERROR.
-ERROR_LINE = re.compile("error", re.IGNORECASE)
+#: A line that says what failed: a traceback's last (`torch.OutOfMemoryError: ...`), a parser's (`Error: No such
+#: option`, `server.py: error: unrecognized arguments`), a logger's `ERROR:`; not one that only mentions an error
+#: (SGLang's `Ignore import error when loading ...` at every start).
+ERROR_LINE = re.compile(r"^(?:[\w.]*(?:Error|Exception)\b|error\b|ERROR\b|\S+: error:)")
 #: How much of a server's log `reason` reads, from its end: a server's log can be long.
 REASON_BYTES = 64 * 1024
 
