@@ -215,8 +215,8 @@ def text_vocab_size(model_dir: Path) -> int:
 
 
 def extract_again(states: Path) -> Path:
-    """A copy of extract's output `states` whose first shard is written again with other hidden states under
-    the same names, as extract writes new answers after an edit to stages.infer."""
+    """`states` (a copy of extract's output) with its first shard written again in place: other hidden states
+    under the same names, as extract writes new answers after an edit to stages.infer."""
     from remote.eagle3.shards import ShardStore, load_sample
 
     store = ShardStore(states)

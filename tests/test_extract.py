@@ -123,10 +123,15 @@ def test_output_is_in_specforge_offline_layout_with_a_manifest_and_counts(extrac
     assert read_progress(extracted["env"])["records"] == RECORDS
 
 
-def test_a_restart_keeps_complete_shards_and_redoes_a_torn_one(extracted: dict, tmp_path: Path) -> None:
-    root = tmp_path / "root"
+def copied(extracted: dict, root: Path) -> dict[str, str]:
+    """The extract stage's environment over a copy of the extracted root, for a test that changes it."""
     shutil.copytree(extracted["root"], root)
-    env = {**extracted["env"], "AERIE_ROOT": str(root), "AERIE_DATA": str(root / "data" / "A1"), "AERIE_OUTPUT": str(root / "data" / "A1" / "extract")}
+    return {**extracted["env"], "AERIE_ROOT": str(root), "AERIE_DATA": str(root / "data" / "A1"),
+            "AERIE_OUTPUT": str(root / "data" / "A1" / "extract")}
+
+
+def test_a_restart_keeps_complete_shards_and_redoes_a_torn_one(extracted: dict, tmp_path: Path) -> None:
+    env = copied(extracted, tmp_path / "root")
     output = Path(env["AERIE_OUTPUT"])
     kept = {p.name: p.stat().st_mtime_ns for p in (output / "shard-00000").iterdir()}
     # A killed run: shard 1 half-written, shard 2 and the manifest never written.
@@ -148,9 +153,7 @@ def test_a_restart_keeps_complete_shards_and_redoes_a_torn_one(extracted: dict, 
 
 
 def test_shards_stored_under_the_old_meaning_of_the_ids_are_redone(extracted: dict, tmp_path: Path) -> None:
-    root = tmp_path / "root"
-    shutil.copytree(extracted["root"], root)
-    env = {**extracted["env"], "AERIE_ROOT": str(root), "AERIE_DATA": str(root / "data" / "A1"), "AERIE_OUTPUT": str(root / "data" / "A1" / "extract")}
+    env = copied(extracted, tmp_path / "root")
     output = Path(env["AERIE_OUTPUT"])
     plan = json.loads((output / "plan.json").read_text())
     assert plan["hidden_states"] == [1, 2, 3] and plan["architecture"] == "LlamaForCausalLM"
@@ -173,10 +176,8 @@ def test_prep_written_again_on_the_same_release_makes_the_shards_stale_and_an_ol
         extracted: dict, tmp_path: Path) -> None:
     # The user's loop: stages.infer fixed, the prompts answered again, tokenize run again on the same release with
     # the same count of records: extract kept every shard of the old answers ("3 resumed").
-    root = tmp_path / "root"
-    shutil.copytree(extracted["root"], root)
-    env = {**extracted["env"], "AERIE_ROOT": str(root), "AERIE_DATA": str(root / "data" / "A1"), "AERIE_OUTPUT": str(root / "data" / "A1" / "extract")}
-    output = Path(env["AERIE_OUTPUT"])
+    env = copied(extracted, tmp_path / "root")
+    root, output = Path(env["AERIE_ROOT"]), Path(env["AERIE_OUTPUT"])
     plan = json.loads((output / "plan.json").read_text())
     (output / "plan.json").write_text(json.dumps({k: v for k, v in plan.items() if k != "prep_created"}))  # an older aerie's
     (output / "manifest.json").unlink()

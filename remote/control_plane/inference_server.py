@@ -171,8 +171,9 @@ def reason(log_path: Path | None, since: int = 0, limit: int = 300) -> str:
     if not log_path.is_file():
         return f"(no log at {log_path})"
     written = log_end(log_path) - since
-    lines = [line.strip() for line in tail(log_path, min(written, REASON_BYTES)).splitlines() if line.strip()]
-    if written <= 0 or not lines:
+    text = tail(log_path, min(written, REASON_BYTES)) if written > 0 else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
         return f"(nothing in its log {log_path})"
     return next((line for line in reversed(lines) if ERROR_LINE.search(line)), lines[-1])[:limit]
 
